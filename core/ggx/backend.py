@@ -1,0 +1,268 @@
+"""The contracts between the core and a plugin: small abstract classes, as ggml-backend-impl.h.
+
+Every optional method has its default here, in one place, so a plugin implements only what
+its hardware does differently. Required methods are abstract.
+"""
+from __future__ import annotations
+
+import enum
+import sys
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import GGXUnsupported
+
+if TYPE_CHECKING:
+    from .graph import Graph
+    from .tensor import Tensor
+
+#: Bumped when a contract changes incompatibly; every BackendReg declares the one it was built for.
+API_VERSION = 1
+
+
+class BufferUsage(enum.IntEnum):
+    ANY = 0
+    WEIGHTS = 1
+    COMPUTE = 2
+
+
+class DeviceType(enum.IntEnum):
+    """Listing order: accelerators first, the CPU last."""
+
+    GPU = 0
+    ACCEL = 1
+    IGPU = 2
+    CPU = 3
+
+
+@dataclass(frozen=True)
+class DeviceCaps:
+    async_: bool = False  # set/get_tensor_async and graph_compute may return before the work is done
+    host_buffer: bool = False  # has a pinned host buffer type
+    buffer_from_host_ptr: bool = False
+    events: bool = False
+
+
+# --------------------------------------------------------------------------------------------
+class BufferType(ABC):
+    """A kind of memory tensors can live in. Allocates buffers; computes nothing."""
+
+    name: str = "?"
+
+    @abstractmethod
+    def alloc_buffer(self, size: int) -> Buffer: ...
+
+    @property
+    @abstractmethod
+    def device(self) -> Device: ...
+
+    @property
+    def alignment(self) -> int:
+        return 64
+
+    @property
+    def max_size(self) -> int:
+        return sys.maxsize
+
+    def get_alloc_size(self, tensor: Tensor) -> int:
+        """Bytes a tensor needs in this buffer type (may exceed nbytes, e.g. for padding)."""
+        return tensor.nbytes
+
+    @property
+    def is_host(self) -> bool:
+        """True when the memory is host memory in ggml's layout (memcpy-able, numpy-viewable)."""
+        return False
+
+    def __repr__(self) -> str:
+        return f"<BufferType {self.name}>"
+
+
+class ExtraBufferType(BufferType):
+    """A host-side buffer type that transforms weights (repack, AMX) and computes ops on them.
+
+    `set_tensor` transforms the whole tensor (offset 0); the buffer is write-only. A host
+    backend asks the extra buffer type of an op's src[0] to run it through `compute_forward`.
+    """
+
+    @abstractmethod
+    def supports_op(self, op: Tensor) -> bool:
+        """Can `op`, whose src[0] is in this buffer type, be computed by compute_forward?"""
+
+    @abstractmethod
+    def compute_forward(self, op: Tensor, n_threads: int = 1) -> bool:
+        """Compute `op` into its destination; False if it declines (then the backend computes it)."""
+
+
+class Buffer(ABC):
+    """One allocation of a buffer type. Offsets are bytes from the buffer's start."""
+
+    def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.ANY):
+        self.buft = buft
+        self.size = size
+        self.usage = usage
+
+    @property
+    def is_host(self) -> bool:
+        return self.buft.is_host
+
+    def init_tensor(self, tensor: Tensor) -> None:
+        """Called once a tensor is placed in this buffer (default: nothing to do)."""
+
+    @abstractmethod
+    def set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
+        """Write `data` (uint8) at byte `offset` of the tensor's memory."""
+
+    @abstractmethod
+    def get_tensor(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
+        """Read `size` bytes (default: to the end) from byte `offset` of the tensor's memory."""
+
+    def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
+        size = tensor.nbytes - offset if size is None else size
+        self.set_tensor(tensor, np.full(size, value, dtype=np.uint8), offset)
+
+    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """Copy src (in any buffer) into dst (in this buffer) directly; False when it cannot."""
+        return False
+
+    @abstractmethod
+    def clear(self, value: int = 0) -> None: ...
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.buft.name} {self.size} B>"
+
+
+# --------------------------------------------------------------------------------------------
+class Event(ABC):
+    """A point in a backend's stream that other streams (or the host) can wait for."""
+
+    @abstractmethod
+    def record(self, backend: Backend) -> None: ...
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until the recorded work has finished."""
+
+
+class HostEvent(Event):
+    """An event for backends that finish their work before returning: always complete."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._done.set()
+
+    def record(self, backend: Backend) -> None:
+        backend.synchronize()
+        self._done.set()
+
+    def synchronize(self) -> None:
+        self._done.wait()
+
+
+class Device(ABC):
+    """A piece of hardware: capabilities, memory, the buffer types it reads, streams to run on."""
+
+    name: str = "?"
+    description: str = ""
+    type: DeviceType = DeviceType.CPU
+    caps: DeviceCaps = DeviceCaps()
+    reg: BackendReg | None = None
+
+    @abstractmethod
+    def memory(self) -> tuple[int, int]:
+        """(free, total) bytes."""
+
+    @abstractmethod
+    def init_backend(self, **params) -> Backend: ...
+
+    @abstractmethod
+    def buffer_type(self) -> BufferType: ...
+
+    @abstractmethod
+    def supports_op(self, op: Tensor) -> bool: ...
+
+    def host_buffer_type(self) -> BufferType | None:
+        """Pinned host memory the device reads fast (None when it has none)."""
+        return None
+
+    def buffer_from_host_ptr(self, array: np.ndarray, max_tensor_size: int) -> Buffer:
+        raise GGXUnsupported(f"device {self.name} cannot wrap host memory")
+
+    def supports_buft(self, buft: BufferType) -> bool:
+        """Can this device's streams read tensors in `buft` directly? Default: its own type or host."""
+        return buft is self.buffer_type() or (buft.is_host and self.type == DeviceType.CPU)
+
+    def offload_op(self, op: Tensor) -> bool:
+        """Should op run here even though its weight lives in host memory? Default: no."""
+        return False
+
+    def event_new(self) -> Event:
+        return HostEvent()
+
+    def __repr__(self) -> str:
+        return f"<Device {self.name}>"
+
+
+class Backend(ABC):
+    """One execution stream on a device. May run work asynchronously; `synchronize` waits."""
+
+    name: str = "?"
+
+    def __init__(self, device: Device):
+        self.device = device
+
+    @abstractmethod
+    def graph_compute(self, graph: Graph) -> None:
+        """Compute every node of `graph` (skip view ops). May return before the work is done."""
+
+    def set_tensor_async(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
+        tensor.data_buffer.set_tensor(tensor, data, offset)
+
+    def get_tensor_async(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
+        return tensor.data_buffer.get_tensor(tensor, offset, size)
+
+    def cpy_tensor_async(self, src_backend: Backend, src: Tensor, dst: Tensor) -> bool:
+        """Copy between two backends' memories without blocking the host; False if not possible."""
+        return False
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on this stream (default: work is already done)."""
+
+    def event_record(self, event: Event) -> None:
+        event.record(self)
+
+    def event_wait(self, event: Event) -> None:
+        """Make this stream wait for `event` (default: the host waits)."""
+        event.synchronize()
+
+    def graph_optimize(self, graph: Graph) -> Graph:
+        """A chance to reorder nodes before compute (default: unchanged)."""
+        return graph
+
+    def get_proc_address(self, name: str) -> Callable | None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<Backend {self.name} on {self.device.name}>"
+
+
+class BackendReg(ABC):
+    """What a plugin registers: its devices and optional capabilities looked up by name."""
+
+    name: str = "?"
+    version: str = "0"
+    api_version: int = API_VERSION
+
+    @abstractmethod
+    def devices(self) -> list[Device]: ...
+
+    def get_proc_address(self, name: str) -> Callable | None:
+        """An optional capability by name ("set_n_threads", "get_features", ...), or None."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<BackendReg {self.name} {self.version}>"
