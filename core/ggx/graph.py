@@ -170,7 +170,8 @@ class Context:
             ne[ax], nb[ax] = a.ne[i], a.nb[i]
         if a.type.is_quantized and axes[0] != 0:
             raise _fail("permute", f"quantized {a.describe()} cannot move its block dimension")
-        return self._view_of(a, ne, nb, 0, Op.PERMUTE, P.ViewParams(axes=axes), (a,), max(a.ndim, max(axes[: a.ndim]) + 1))
+        ndim = max(a.ndim, max(axes[: a.ndim]) + 1)
+        return self._view_of(a, ne, nb, 0, Op.PERMUTE, P.ViewParams(axes=axes), (a,), ndim)
 
     def transpose(self, a: Tensor) -> Tensor:
         _need_tensor("transpose", "a", a)
