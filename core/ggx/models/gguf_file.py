@@ -1,0 +1,246 @@
+"""GGUF files: a bounded header check, then the `gguf` package's memory-mapped GGUFReader.
+
+File layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor_count,
+u64 kv_count; kv_count pairs (string key, u32 value type, value); tensor_count infos
+(string name, u32 n_dims, u64 ne[n_dims] in ggml order, u32 ggml type, u64 offset); padding
+to `general.alignment` (default 32); tensor data, each tensor at data_start + offset.
+
+GGUFReader trusts the file: a huge array count makes it loop (and allocate) for ever, a
+short file gives silently truncated arrays. So `check_header` walks the header first, bounding
+every count and length by the bytes that remain, and every malformation becomes a
+`GGXFormatError` naming what is wrong and where, before GGUFReader reads anything.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import GGXFormatError
+from ..types import GType
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+
+# GGUF value types: id -> (name, fixed size in bytes or None for string/array)
+_SCALARS: dict[int, tuple[str, str]] = {
+    0: ("u8", "<B"), 1: ("i8", "<b"), 2: ("u16", "<H"), 3: ("i16", "<h"), 4: ("u32", "<I"),
+    5: ("i32", "<i"), 6: ("f32", "<f"), 7: ("bool", "<?"), 10: ("u64", "<Q"), 11: ("i64", "<q"),
+    12: ("f64", "<d"),
+}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a GGUF file: ggml-order `ne`, its GType and its bytes (a read-only memmap view)."""
+
+    name: str
+    type: GType
+    ne: tuple[int, ...]
+    offset: int  # absolute byte offset of the data in the file
+    nbytes: int
+    data: np.ndarray  # uint8 view of the file's bytes, no copy
+
+
+class _Cursor:
+    """Reads little-endian values from `buf`, raising GGXFormatError instead of running past its end."""
+
+    def __init__(self, buf: np.ndarray, path: str):
+        self.buf = buf
+        self.size = len(buf)
+        self.pos = 0
+        self.path = path
+
+    def fail(self, what: str) -> GGXFormatError:
+        return GGXFormatError(f"{self.path}: {what} (at byte {self.pos} of {self.size})")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(f"truncated file: {what} needs {n} bytes, {self.size - self.pos} remain")
+
+    def unpack(self, fmt: str, what: str):
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += n
+        return value
+
+    def string(self, what: str) -> str:
+        n = self.unpack("<Q", f"length of {what}")
+        self.need(n, f"{what} ({n} bytes)")
+        raw = bytes(self.buf[self.pos: self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self.fail(f"{what} is not valid UTF-8 ({e.reason})") from None
+
+    def skip_value(self, vtype: int, what: str, depth: int = 0) -> None:
+        """Step over one value of GGUF type `vtype`, checking every length against the file size."""
+        if vtype in _SCALARS:
+            self.need(struct.calcsize(_SCALARS[vtype][1]), what)
+            self.pos += struct.calcsize(_SCALARS[vtype][1])
+        elif vtype == _STRING:
+            n = self.unpack("<Q", f"length of {what}")
+            self.need(n, f"{what} ({n} bytes)")
+            self.pos += n
+        elif vtype == _ARRAY:
+            if depth > 2:
+                raise self.fail(f"{what}: arrays nested more than 2 deep")
+            itype = self.unpack("<I", f"element type of {what}")
+            count = self.unpack("<Q", f"element count of {what}")
+            if itype in _SCALARS:
+                size = struct.calcsize(_SCALARS[itype][1])
+                self.need(count * size, f"{what}: {count} elements of {_SCALARS[itype][0]}")
+                self.pos += count * size
+            elif itype in (_STRING, _ARRAY):
+                # every element takes at least 8 bytes (a length or a header): bound the count first
+                self.need(count * 8, f"{what}: {count} elements")
+                for _ in range(count):
+                    self.skip_value(itype, f"element of {what}", depth + 1)
+            else:
+                raise self.fail(f"{what}: unknown array element type {itype}")
+        else:
+            raise self.fail(f"{what}: unknown value type {vtype}")
+
+
+def check_header(buf: np.ndarray, path: str = "<gguf>") -> list[TensorInfo]:
+    """Validate the whole GGUF structure in `buf` (uint8) and return its tensors' descriptions."""
+    c = _Cursor(buf, path)
+    c.need(4, "the magic")
+    magic = bytes(buf[:4])
+    if magic != GGUF_MAGIC:
+        raise c.fail(f"bad magic {magic!r}: not a GGUF file (expected {GGUF_MAGIC!r})")
+    c.pos = 4
+    version = c.unpack("<I", "the version")
+    if version not in (2, 3):
+        swapped = struct.unpack("<I", struct.pack(">I", version))[0]
+        if swapped in (2, 3):
+            raise c.fail("big-endian GGUF files are not supported")
+        raise c.fail(f"unsupported GGUF version {version} (ggx reads 2 and 3)")
+    n_tensors = c.unpack("<Q", "the tensor count")
+    n_kv = c.unpack("<Q", "the key/value count")
+    # a kv takes at least 8 (key length) + 4 (type) bytes, a tensor info at least 8 + 4 + 4 + 8
+    if n_kv * 12 > c.size - c.pos:
+        raise c.fail(f"absurd key/value count {n_kv} for a {c.size}-byte file")
+    if n_tensors * 24 > c.size - c.pos:
+        raise c.fail(f"absurd tensor count {n_tensors} for a {c.size}-byte file")
+    alignment = DEFAULT_ALIGNMENT
+    keys: set[str] = set()
+    for i in range(n_kv):
+        key = c.string(f"key #{i}")
+        if key in keys:
+            raise c.fail(f"duplicate key {key!r}")
+        keys.add(key)
+        vtype = c.unpack("<I", f"value type of {key!r}")
+        start = c.pos
+        c.skip_value(vtype, f"value of {key!r}")
+        if key == "general.alignment":
+            if vtype != 4:
+                raise c.fail("general.alignment must be a u32")
+            alignment = struct.unpack_from("<I", buf, start)[0]
+            if alignment == 0 or alignment & (alignment - 1):
+                raise c.fail(f"general.alignment {alignment} is not a power of two")
+    raw_infos = []
+    names: set[str] = set()
+    for i in range(n_tensors):
+        name = c.string(f"name of tensor #{i}")
+        if name in names:
+            raise c.fail(f"duplicate tensor {name!r}")
+        names.add(name)
+        n_dims = c.unpack("<I", f"dimension count of {name!r}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise c.fail(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+        ne = tuple(c.unpack("<Q", f"dimension {d} of {name!r}") for d in range(n_dims))
+        type_id = c.unpack("<I", f"type of {name!r}")
+        offset = c.unpack("<Q", f"data offset of {name!r}")
+        raw_infos.append((name, ne, type_id, offset))
+    data_start = (c.pos + alignment - 1) // alignment * alignment
+    infos = []
+    for name, ne, type_id, offset in raw_infos:
+        try:
+            gtype = GType.from_ggml_id(type_id)
+        except KeyError:
+            raise GGXFormatError(f"{path}: tensor {name!r} has unknown or unsupported ggml type id {type_id}") from None
+        if any(x > 2**40 for x in ne) or math.prod(ne) > 2**50:
+            raise GGXFormatError(f"{path}: tensor {name!r} has absurd dimensions {list(ne)}")
+        if ne[0] % gtype.block_size:
+            raise GGXFormatError(f"{path}: tensor {name!r}: row of {ne[0]} values is not a whole number of "
+                                 f"{gtype.name} blocks of {gtype.block_size}")
+        nbytes = math.prod(ne) // gtype.block_size * gtype.type_size
+        if offset % alignment:
+            raise GGXFormatError(f"{path}: tensor {name!r}: data offset {offset} is not {alignment}-aligned")
+        start = data_start + offset
+        if start + nbytes > c.size:
+            raise GGXFormatError(f"{path}: truncated file: tensor {name!r} ({gtype.name}{list(ne)}) needs bytes "
+                                 f"{start}..{start + nbytes}, the file has {c.size}")
+        infos.append(TensorInfo(name, gtype, ne, start, nbytes, buf[start: start + nbytes]))
+    return infos
+
+
+class GGUFFile:
+    """A GGUF file opened memory-mapped: `metadata` (key -> python value) and `tensors` (name -> TensorInfo).
+
+    The header is checked by `check_header`; metadata values are read with gguf.GGUFReader.
+    Tensor data stays in the file's memory map until a loader copies it into buffers.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        try:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except FileNotFoundError:
+            raise GGXFormatError(f"{self.path}: no such file") from None
+        except (ValueError, OSError) as e:  # an empty file cannot be mapped
+            raise GGXFormatError(f"{self.path}: cannot map the file ({e})") from None
+        infos = check_header(self._map, self.path)
+        self.tensors: dict[str, TensorInfo] = {t.name: t for t in infos}
+        self.metadata: dict[str, Any] = self._read_metadata()
+
+    def _read_metadata(self) -> dict[str, Any]:
+        import gguf
+
+        try:
+            reader = gguf.GGUFReader(self.path, "r")
+            meta: dict[str, Any] = {}
+            for key, field in reader.fields.items():
+                if key.startswith("GGUF."):
+                    continue
+                meta[key] = field.contents()
+        except Exception as e:  # the header passed check_header; anything left is still the file's fault
+            raise GGXFormatError(f"{self.path}: gguf could not read the file: {type(e).__name__}: {e}") from None
+        return meta
+
+    def get(self, key: str, kind: type | tuple[type, ...] | None = None, default: Any = ...) -> Any:
+        """Metadata value of `key`; GGXFormatError when it is missing (and no default) or of the wrong kind."""
+        if key not in self.metadata:
+            if default is ...:
+                raise GGXFormatError(f"{self.path}: missing metadata key {key!r}")
+            return default
+        value = self.metadata[key]
+        if kind is not None:
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+            if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+                value, ok = float(value), True
+            if not ok:
+                names = "/".join(k.__name__ for k in kinds)
+                raise GGXFormatError(f"{self.path}: metadata {key!r} is {type(value).__name__} {value!r:.60}, "
+                                     f"expected {names}")
+        return value
+
+    def tensor(self, name: str) -> TensorInfo:
+        t = self.tensors.get(name)
+        if t is None:
+            raise GGXFormatError(f"{self.path}: missing tensor {name!r}")
+        return t
+
+    @property
+    def file_size(self) -> int:
+        return len(self._map)

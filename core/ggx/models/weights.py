@@ -1,0 +1,97 @@
+"""Loading a model's weights from the GGUF memory map into device buffers, placed per weight.
+
+Each weight gets the first buffer type of the model's list (accelerator, its host type, extra
+buffer types such as repack/AMX, plain CPU) whose device supports a representative op reading
+the weight from it (ggml's select_buft): mul_mat for matrices, get_rows for the token
+embedding, mul for norms, mul_mat_id for expert stacks. Weights of one buffer type share one
+buffer. The bytes are copied from the memory map with set_tensor, so buffer types that transform
+weights (repack) see the whole tensor at offset 0.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..backend import Buffer, BufferType, BufferUsage
+from ..graph import Context
+from ..tensor import Tensor, TensorFlag
+from ..types import GType
+from .gguf_file import GGUFFile
+from .hparams import LlamaHParams
+from .runner import Runner
+
+#: rows of the dummy activation in the representative op (ggml uses a large batch too, so
+#: extra buffer types that only speed up batched products still qualify)
+_REPR_TOKENS = 512
+
+
+def representative_op(w: Tensor, name: str, hp: LlamaHParams) -> Tensor:
+    """The op that will read `w` in the llama graph, over a dummy activation (not computed)."""
+    ctx = Context()
+    if name.endswith("norm.weight"):
+        return ctx.mul(ctx.tensor(GType.F32, [w.ne[0], _REPR_TOKENS]), w)
+    if name == "token_embd.weight":  # read by get_rows (and, when tied, by the output mul_mat too)
+        return ctx.get_rows(w, ctx.tensor(GType.I32, [_REPR_TOKENS]))
+    if name.endswith("_exps.weight"):
+        n_used = max(hp.n_expert_used, 1)
+        return ctx.mul_mat_id(w, ctx.tensor(GType.F32, [w.ne[0], n_used, _REPR_TOKENS]),
+                              ctx.tensor(GType.I32, [n_used, _REPR_TOKENS]))
+    return ctx.mul_mat(w, ctx.tensor(GType.F32, [w.ne[0], _REPR_TOKENS]))
+
+
+def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner,
+                 progress: bool = False) -> tuple[dict[str, Tensor], list[Buffer]]:
+    """Every tensor the graph reads, as leaves in device buffers: (name -> Tensor, buffers)."""
+    weights: dict[str, Tensor] = {}
+    by_buft: dict[BufferType, list[Tensor]] = defaultdict(list)
+    for name, ne in hp.expected_tensors().items():
+        info = f.tensor(name)
+        t = Tensor(info.type, ne, name=name)
+        t.flags |= TensorFlag.PARAM
+        weights[name] = t
+        by_buft[runner.weight_buffer_type(representative_op(t, name, hp))].append(t)
+    buffers = [_alloc(buft, ts) for buft, ts in by_buft.items()]
+    total = sum(f.tensor(n).nbytes for n in weights)
+    with _progress(progress, total, f"loading {len(weights)} tensors") as advance:
+        for name, t in weights.items():
+            info = f.tensor(name)
+            t.buffer.set_tensor(t, info.data, 0)
+            advance(info.nbytes)
+    return weights, buffers
+
+
+def _alloc(buft: BufferType, tensors: list[Tensor]) -> Buffer:
+    align = buft.alignment
+    offsets, size = [], 0
+    for t in tensors:
+        size = (size + align - 1) // align * align
+        offsets.append(size)
+        size += buft.get_alloc_size(t)
+    buf = buft.alloc_buffer(max(size, 1))
+    buf.usage = BufferUsage.WEIGHTS
+    for t, off in zip(tensors, offsets):
+        t.buffer, t.offset = buf, off
+        buf.init_tensor(t)
+    return buf
+
+
+class _progress:
+    """A rich progress bar over bytes when enabled (and stderr is a terminal), else nothing."""
+
+    def __init__(self, enabled: bool, total: int, what: str):
+        self.enabled, self.total, self.what = enabled, total, what
+        self.bar = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                TimeRemainingColumn(), transient=True)
+            self.bar.start()
+            task = self.bar.add_task(self.what, total=self.total)
+            return lambda n: self.bar.advance(task, n)
+        return lambda n: None
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

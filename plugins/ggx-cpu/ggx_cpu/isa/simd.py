@@ -1,0 +1,262 @@
+"""SIMD vectors in numba: LLVM vector types, target-independent vector ops, the ISA token.
+
+numba has no vector types, so this module gives it some: `Vec(kind, n)` is a numba type whose
+LLVM representation is `<n x kind>` (a value held in a register, carried through loops like
+any scalar). The ops below are plain LLVM IR (load, and, shift, convert, fma, reduce) that
+every target lowers; the instruction-set specific products (`vpdpbusd`, `vpmaddubsw`) live in
+the ISA modules, which declare them by full LLVM name.
+
+`IsaToken` is the compile-time switch: the quantized kernels take an `isa` argument whose
+numba *type* names the instruction set, so one kernel source compiles (and caches, the
+signature being part of the cache key) once per instruction set, and code for an instruction
+set is only ever generated when that set is selected — compiling VNNI intrinsics for a CPU
+without VNNI would abort the process.
+
+Byte layout used by the loads: a 32-value quantized block is one `i8x32` vector in value order;
+4-bit weights arrive as 16 bytes and `nibbles_i8x32` expands them to [low nibbles | high
+nibbles], which is ggml's value order for Q4_0/Q4_1 (value j < 16 is qs[j] & 15, value 16 + j
+is qs[j] >> 4). An `i32x8` lane i holds the dot product of the bytes 4i..4i+3.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
+
+_ELEM = {"i8": ir.IntType(8), "i16": ir.IntType(16), "i32": ir.IntType(32), "f32": ir.FloatType()}
+
+
+class Vec(types.Type):
+    """A SIMD vector of `n` elements of kind i8/i16/i32/f32, held in registers."""
+
+    def __init__(self, kind: str, n: int):
+        self.kind = kind
+        self.n = n
+        super().__init__(name=f"Vec({kind}x{n})")
+
+
+@register_model(Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.VectorType(_ELEM[fe_type.kind], fe_type.n))
+
+
+I8x16 = Vec("i8", 16)
+I8x32 = Vec("i8", 32)
+I16x16 = Vec("i16", 16)
+I32x8 = Vec("i32", 8)
+F32x8 = Vec("f32", 8)
+
+
+def _llty(v: Vec) -> ir.VectorType:
+    return ir.VectorType(_ELEM[v.kind], v.n)
+
+
+# --- the ISA token ----------------------------------------------------------------------------
+class IsaToken:
+    """A Python object naming an instruction set; numba types it as `IsaType(name)`."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"IsaToken({self.name!r})"
+
+
+class IsaType(types.Type):
+    def __init__(self, isa_name: str):
+        self.isa_name = isa_name
+        super().__init__(name=f"Isa({isa_name})")
+
+
+@typeof_impl.register(IsaToken)
+def _typeof_token(val, c):
+    return IsaType(val.name)
+
+
+register_model(IsaType)(models.OpaqueModel)
+
+
+@unbox(IsaType)
+def _unbox_token(typ, obj, c):
+    return NativeValue(c.context.get_dummy_value())
+
+
+# --- loads ------------------------------------------------------------------------------------
+def _elem_ptr(context, builder, arrty, arr, off):
+    ary = context.make_array(arrty)(context, builder, arr)
+    return builder.gep(ary.data, [off])
+
+
+def _make_load(vec: Vec, dtypes):
+    @intrinsic
+    def load(typingctx, arr, off):
+        if not (isinstance(arr, types.Array) and arr.dtype in dtypes and isinstance(off, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+            vptr = builder.bitcast(ptr, _llty(vec).as_pointer())
+            return builder.load(vptr, align=1)
+
+        return vec(arr, types.intp), codegen
+
+    return load
+
+
+_BYTES = (types.int8, types.uint8)
+load_i8x16 = _make_load(I8x16, _BYTES)
+load_i8x16.__doc__ = "16 bytes of a (u)int8 array starting at element `off` (unaligned)."
+load_i8x32 = _make_load(I8x32, _BYTES)
+load_i8x32.__doc__ = "32 bytes of a (u)int8 array starting at element `off` (unaligned)."
+load_i32x8 = _make_load(I32x8, (types.int32,))
+load_i32x8.__doc__ = "8 int32 of an int32 array starting at element `off` (unaligned)."
+
+
+# --- constructors and lane ops ------------------------------------------------------------------
+@intrinsic
+def zero_f32x8(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_llty(F32x8), None)
+
+    return F32x8(), codegen
+
+
+@intrinsic
+def splat_f32x8(typingctx, x):
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.float32)
+        vec = ir.Constant(_llty(F32x8), ir.Undefined)
+        vec = builder.insert_element(vec, v, ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(ir.IntType(32), 8), None))
+
+    return F32x8(types.float32), codegen
+
+
+@intrinsic
+def nibbles_i8x32(typingctx, v):
+    """16 bytes -> 32 values 0..15: [qs & 15 | qs >> 4] (ggml's Q4 value order)."""
+    if v != I8x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8 = ir.IntType(8)
+        lo = builder.and_(args[0], ir.Constant(_llty(I8x16), [ir.Constant(i8, 15)] * 16))
+        hi = builder.lshr(args[0], ir.Constant(_llty(I8x16), [ir.Constant(i8, 4)] * 16))
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), 32), [ir.Constant(ir.IntType(32), i) for i in range(32)])
+        return builder.shuffle_vector(lo, hi, mask)
+
+    return I8x32(I8x16), codegen
+
+
+@intrinsic
+def xor80_i8x32(typingctx, v):
+    """Flip the sign bit of every byte: a signed byte w becomes the unsigned byte w + 128."""
+    if v != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        c = ir.Constant(_llty(I8x32), [ir.Constant(ir.IntType(8), 0x80)] * 32)
+        return builder.xor(args[0], c)
+
+    return I8x32(I8x32), codegen
+
+
+@intrinsic
+def mul_i32x8(typingctx, v, k):
+    """Every lane times the scalar k (LLVM turns constant powers of two into shifts)."""
+    if v != I32x8 or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        k32 = context.cast(builder, args[1], sig.args[1], types.int32)
+        vec = ir.Constant(_llty(I32x8), ir.Undefined)
+        vec = builder.insert_element(vec, k32, ir.Constant(ir.IntType(32), 0))
+        vec = builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(ir.IntType(32), 8), None))
+        return builder.mul(args[0], vec)
+
+    return I32x8(I32x8, types.int32), codegen
+
+
+@intrinsic
+def add_i32x8(typingctx, a, b):
+    if a != I32x8 or b != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+
+    return I32x8(I32x8, I32x8), codegen
+
+
+@intrinsic
+def fma_i32x8_f32x8(typingctx, acc, v, scale):
+    """acc + float(v) * scale: the per-block int32 lanes scaled into float accumulators."""
+    if acc != F32x8 or v != I32x8 or scale != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = builder.sitofp(args[1], _llty(F32x8))
+        fnty = ir.FunctionType(_llty(F32x8), [_llty(F32x8)] * 3)
+        fma = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v8f32")
+        return builder.call(fma, [f, args[2], args[0]])
+
+    return F32x8(F32x8, I32x8, F32x8), codegen
+
+
+@intrinsic
+def hsum_f32x8(typingctx, v):
+    """The sum of the 8 lanes (done once per output, not per block)."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        # pairwise halving: [0..3]+[4..7], then [0,1]+[2,3], then lane 0 + lane 1
+        x = args[0]
+        for half in (4, 2, 1):
+            idx = ir.IntType(32)
+            a = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(idx, half), [ir.Constant(idx, i) for i in range(half)]))
+            b = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(idx, half),
+                                                        [ir.Constant(idx, half + i) for i in range(half)]))
+            x = builder.fadd(a, b)
+        return builder.extract_element(x, ir.Constant(ir.IntType(32), 0))
+
+    return types.float32(F32x8), codegen
+
+
+@intrinsic
+def f16_bits_to_f32(typingctx, h):
+    """An IEEE half (given as its integer bits) as float32, exact for every finite value.
+
+    (h & 0x7fff) << 13 puts exponent and mantissa where float32 keeps them; multiplying by
+    2**112 rebases the exponent, which also handles zeros and subnormals. Plain integer and
+    float IR: it vectorizes on every target, no F16C needed.
+    """
+    if not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        x = context.cast(builder, args[0], sig.args[0], types.uint32)
+        mag = builder.shl(builder.and_(x, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 13))
+        sign = builder.shl(builder.and_(x, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+        f = builder.fmul(builder.bitcast(mag, ir.FloatType()), ir.Constant(ir.FloatType(), 2.0**112))
+        return builder.bitcast(builder.or_(builder.bitcast(f, i32), sign), ir.FloatType())
+
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def bits_to_f32(typingctx, u):
+    """Reinterpret a 32-bit integer as float32 (used for BF16: bits << 16)."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = context.cast(builder, args[0], sig.args[0], types.uint32)
+        return builder.bitcast(x, ir.FloatType())
+
+    return types.float32(types.uint32), codegen
