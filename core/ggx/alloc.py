@@ -197,9 +197,9 @@ class GraphAllocator:
         plan.apply(self.buffers)
         return plan
 
-    def ensure(self, plan: Plan) -> None:
-        """Make the buffers big enough for an already computed plan (used when a plan is reused)."""
-        self._ensure(plan.sizes)
+    def ensure_sizes(self, sizes: Sequence[int]) -> None:
+        """Make the buffers at least `sizes` bytes (used when a plan is reused)."""
+        self._ensure(sizes)
 
     def plan(self, steps: Sequence[Step], leafs: Iterable[Tensor] = (),
              buft_of: Callable[[Tensor], int] | None = None, pinned: Iterable[Tensor] = ()) -> Plan:

@@ -148,6 +148,8 @@ def tolerance(case: dict) -> float:
 
 def test_every_case_is_used():
     assert len(CASES) == N_CASES
+    files = sorted(f.name for f in GOLDEN.iterdir() if f.name.endswith(".npz"))
+    assert files == sorted(c["file"] for c in CASES)  # no case file left out of the index
     for case in CASES:
         assert case["op"] in EXACT_OPS or tolerance(case) >= 0.0
 

@@ -44,21 +44,32 @@ class Builder:
     """Creates leaves with their data for one case; `ctx` builds the ops.
 
     Every input helper returns the tensor the op should take (for the non-contiguous helpers, a
-    view of a larger leaf); `inputs` maps each leaf to its raw bytes.
+    view of a larger leaf). Values are drawn at build time (so the draws follow the build
+    order), but converted to bytes only when `inputs` is first read: listing cases and asking
+    supports_op never pays for quantization.
     """
 
     def __init__(self, seed_name: str):
         self.ctx = Context()
         self.rng = np.random.default_rng(zlib.crc32(seed_name.encode()))
-        self.inputs: dict[Tensor, np.ndarray] = {}
+        self._values: dict[Tensor, np.ndarray] = {}
+        self._raw: dict[Tensor, np.ndarray] = {}
         self.out: Tensor | None = None  # the case's result, set by OpCase.make
+
+    @property
+    def inputs(self) -> dict[Tensor, np.ndarray]:
+        """Each leaf with data and its raw bytes (ggml layout)."""
+        for t, values in self._values.items():
+            if t not in self._raw:
+                self._raw[t] = to_raw(t, values)
+        return self._raw
 
     # --- leaves with data -------------------------------------------------------------------
     def leaf(self, gtype: GType | str, ne: Sequence[int], name: str, values: np.ndarray | None = None) -> Tensor:
         """A leaf; `values` in numpy order (ne reversed) become its bytes. None: no data (an output)."""
         t = self.ctx.tensor(GType.parse(gtype), tuple(ne), name=name)
         if values is not None:
-            self.inputs[t] = to_raw(t, np.asarray(values).reshape(tuple(reversed(t.ne))))
+            self._values[t] = np.asarray(values).reshape(tuple(reversed(t.ne)))
         return t
 
     def raw_leaf(self, gtype: GType | str, ne: Sequence[int], name: str, raw: np.ndarray) -> Tensor:
@@ -67,7 +78,7 @@ class Builder:
         raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
         if raw.size != t.nbytes:
             raise GGXError(f"{t.describe()}: {raw.size} bytes given for {t.nbytes}")
-        self.inputs[t] = raw
+        self._raw[t] = raw
         return t
 
     def uniform(self, gtype: GType | str, ne: Sequence[int], name: str, lo: float = -1.0, hi: float = 1.0) -> Tensor:
@@ -163,9 +174,14 @@ class OpCase:
         return b
 
 
+def type_name(t: GType) -> str:
+    """ggml's spelling of a type name: "f32", "q4_0", "q4_K"."""
+    return t.name.lower().replace("_k", "_K")
+
+
 def _fmt(v: object) -> str:
     if isinstance(v, GType):
-        return v.name.lower()
+        return type_name(v)
     if isinstance(v, Op):
         return v.name.lower()
     if isinstance(v, float):

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import GGXShapeError
 from ..ops import GeluKind, GluKind, Op, Prec, RopeMode, SortOrder
 from ..types import GType
-from .case import Builder, OpCase, Tolerance, tolerance
+from .case import COPY, Builder, OpCase, Tolerance, tolerance
 
 F32, F16, BF16, I32, I64 = GType.F32, GType.F16, GType.BF16, GType.I32, GType.I64
 Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = GType.Q4_0, GType.Q4_1, GType.Q8_0, GType.Q4_K, GType.Q6_K
@@ -96,7 +96,7 @@ def cpy_cases() -> Iterator[OpCase]:
             a = (b.ints(I32, ne, "a", b.rng.integers(-99, 99, math.prod(ne))) if src_t is I32
                  else b.uniform(src_t, ne, "a"))
             return b.ctx.cpy(a, b.leaf(dst_t, ne, "b"))
-        yield case(Op.CPY, build, (dst_t, src_t), src=src_t, dst=dst_t, ne=ne)
+        yield case(Op.CPY, build, (dst_t, src_t), tol=COPY if src_t is dst_t else None, src=src_t, dst=dst_t, ne=ne)
     # Non-contiguous sources (transposed, permuted) into contiguous destinations.
     for src_t, dst_t, how in ((F32, F16, "transposed"), (F32, F32, "permuted"), (F16, F32, "transposed"),
                               (F32, Q8_0, "permuted"), (F32, BF16, "row_strided")):

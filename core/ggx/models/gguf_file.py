@@ -128,9 +128,9 @@ def check_header(buf: np.ndarray, path: str = "<gguf>") -> list[TensorInfo]:
     n_kv = c.unpack("<Q", "the key/value count")
     # a kv takes at least 8 (key length) + 4 (type) bytes, a tensor info at least 8 + 4 + 4 + 8
     if n_kv * 12 > c.size - c.pos:
-        raise c.fail(f"absurd key/value count {n_kv} for a {c.size}-byte file")
+        raise c.fail(f"absurd key/value count {n_kv} or truncated file: {c.size - c.pos} bytes remain")
     if n_tensors * 24 > c.size - c.pos:
-        raise c.fail(f"absurd tensor count {n_tensors} for a {c.size}-byte file")
+        raise c.fail(f"absurd tensor count {n_tensors} or truncated file: {c.size - c.pos} bytes remain")
     alignment = DEFAULT_ALIGNMENT
     keys: set[str] = set()
     for i in range(n_kv):

@@ -116,8 +116,10 @@ class Model:
         n_tokens = int(batch.size)
         n_kv = self.cache.n_kv_for(self.cache.n_past + n_tokens)
         n_out = n_tokens if all_rows else 1
+        t0 = time.perf_counter()
         ctx = Context()
         logits, inp = build_llama(ctx, self.hp, self.weights, self.cache, n_tokens, n_kv, n_out, self.flash_attn)
+        self.runner.timings["build_llama (Context ops)"] += time.perf_counter() - t0
         pos, kv_idx, mask = self.cache.batch_inputs(n_tokens, n_kv)
         data: dict[Tensor, np.ndarray] = {inp.tokens: batch.astype(np.int32), inp.pos: pos, inp.kv_idx: kv_idx,
                                           inp.mask: mask}
@@ -143,12 +145,12 @@ class Model:
         t0 = time.perf_counter()
         logits = self.eval(ids)[-1]
         st.prompt_s = time.perf_counter() - t0
-        for _ in range(max_tokens):
+        for i in range(max_tokens):
             tok = sample(logits, temperature, top_k, top_p, rng)
             if stop_at_eos and tok in self.eog_ids:
                 break
             yield GeneratedToken(tok, decoder.decode(self.tokenizer.token_bytes(tok)))
-            if self.cache.n_past >= self.n_ctx:
+            if i == max_tokens - 1 or self.cache.n_past >= self.n_ctx:
                 break
             t1 = time.perf_counter()
             logits = self.eval([tok])[-1]

@@ -7,6 +7,8 @@ the plan (the decode loop).
 """
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -50,13 +52,18 @@ class Runner:
         if not self.devices:
             raise GGXUnsupported("no device to run the model on")
         self.backends = [d.init_backend() for d in self.devices]
-        self.n_threads = n_threads
+        self.n_threads = None
         if n_threads:
-            for be in self.backends:
-                set_n_threads(be, n_threads)
+            self.set_n_threads(n_threads)
         self._bufts = self._buft_list()
         self.sched = self._make_scheduler()
         self.last_splits = 1
+        self.timings: dict[str, float] = defaultdict(float)  # seconds, accumulated (`ggx bench --profile`)
+
+    def set_n_threads(self, n_threads: int) -> None:
+        for be in self.backends:
+            set_n_threads(be, n_threads)
+        self.n_threads = n_threads
 
     # --- placement ----------------------------------------------------------------------------
     def _buft_list(self) -> list[BufferType]:
@@ -92,14 +99,29 @@ class Runner:
 
     def run(self, outputs: Sequence[Tensor], data: Mapping[Tensor, np.ndarray]) -> list[np.ndarray]:
         """Compute `outputs` with the input leaves set to `data`; numpy results (order = ne reversed)."""
+        tm = self.timings
+        t0 = time.perf_counter()
         graph = build_graph(list(outputs))
+        t1 = time.perf_counter()
+        tm["build_graph"] += t1 - t0
         if self.sched is None:
             from ..compute import compute
 
-            return compute(outputs, data, self.devices[0])
+            result = compute(outputs, data, self.devices[0])
+            tm["compute (no scheduler)"] += time.perf_counter() - t1
+            return result
         self.sched.alloc_graph(graph)
+        t2 = time.perf_counter()
         for t, value in data.items():
             t.data_buffer.set_tensor(t, to_raw(t, value), 0)
+        t3 = time.perf_counter()
         self.sched.graph_compute(graph)
+        t4 = time.perf_counter()
         self.last_splits = getattr(self.sched, "n_splits", 1)
-        return [get_tensor_data(t) for t in outputs]
+        result = [get_tensor_data(t) for t in outputs]
+        t5 = time.perf_counter()
+        tm["sched.alloc_graph"] += t2 - t1
+        tm["set inputs"] += t3 - t2
+        tm["sched.graph_compute"] += t4 - t3
+        tm["read outputs"] += t5 - t4
+        return result

@@ -45,14 +45,19 @@ class Tokenizer:
         self.n_vocab = len(vocab)
         self.vocab = list(vocab)
         self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
-        index = {tok: i for i, tok in enumerate(vocab)}
+        index: dict[str, int] = {}
+        for i, tok in enumerate(vocab):
+            index.setdefault(tok, i)  # a duplicated token keeps its first id
         pairs = []
         for m in merges:
             parts = m.split(" ")
             if len(parts) != 2:
                 raise GGXFormatError(f"tokenizer merge {m!r} is not two space-separated tokens")
             pairs.append((parts[0], parts[1]))
-        bpe = models.BPE(vocab=index, merges=pairs, fuse_unk=False)
+        try:
+            bpe = models.BPE(vocab=index, merges=pairs, fuse_unk=False)
+        except Exception as e:  # tokenizers raises plain Exceptions for merges naming unknown tokens
+            raise GGXFormatError(f"the vocabulary and merges do not form a BPE tokenizer: {e}") from None
         tok = HFTokenizer(bpe)
         splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in _PRE_SPLITS[pre]]
         use_gpt2_regex = pre not in ("llama-bpe", "llama3")
@@ -71,6 +76,9 @@ class Tokenizer:
             raise GGXUnsupported(f"{f.path}: tokenizer model {model!r} is not supported (ggx has 'gpt2' BPE)")
         vocab = f.get("tokenizer.ggml.tokens", list)
         merges = f.get("tokenizer.ggml.merges", list)
+        for key, items in (("tokens", vocab), ("merges", merges)):
+            if not all(isinstance(x, str) for x in items):
+                raise GGXFormatError(f"{f.path}: tokenizer.ggml.{key} must be an array of strings")
         types = f.get("tokenizer.ggml.token_type", list, None)
         if types is not None and len(types) != len(vocab):
             raise GGXFormatError(f"{f.path}: {len(types)} token types for {len(vocab)} tokens")

@@ -4,8 +4,7 @@ Layouts (see `ggx.host.tensor_array`): a tensor's memory is viewed as a numpy ar
 (ne3, ne2, ne1, ne0 / block_size) whose elements are values (F32, F16, I32, I64), raw BF16 bits
 (uint16) or quantized blocks (structured dtype). Decoded values have numpy shape (ne3, ne2, ne1, ne0).
 
-Quantizing and rounding (F16, BF16, Q4_0, ...) go through `ggx.quants` so that the bytes are
-ggml's; until that module exists, the `gguf` package's quants module stands in for it.
+Quantizing and rounding (F16, BF16, Q4_0, ...) go through `ggx.quants`, so the bytes are ggml's.
 """
 from __future__ import annotations
 
@@ -15,24 +14,10 @@ import numpy as np
 
 from ..errors import GGXUnsupported
 from ..host import tensor_array
+from ..quants import dequantize as _dequantize
+from ..quants import quantize as _quantize
 from ..tensor import Tensor
 from ..types import GType
-
-try:
-    from ..quants import dequantize as _dequantize
-    from ..quants import quantize as _quantize
-except ImportError:  # ggx.quants not written yet: a tiny stand-in on gguf.quants
-    from gguf import GGMLQuantizationType as _GQT
-    from gguf import quants as _gguf_quants
-
-    def _quantize(array: np.ndarray, gtype: GType, name: str = "tensor") -> np.ndarray:
-        out = _gguf_quants.quantize(np.ascontiguousarray(array, dtype=np.float32), _GQT(gtype.ggml_id))
-        return np.ascontiguousarray(out).view(np.uint8).reshape(-1)
-
-    def _dequantize(data: np.ndarray, gtype: GType, n: int) -> np.ndarray:
-        nbytes = n // gtype.block_size * gtype.type_size
-        raw = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)[:nbytes]
-        return _gguf_quants.dequantize(raw, _GQT(gtype.ggml_id)).reshape(-1)[:n]
 
 # Types held as plain numbers in memory: no codec needed.
 _PLAIN = (GType.F32, GType.I32, GType.I64)

@@ -7,7 +7,6 @@ backends are checked against.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from ..backend import Backend, BackendReg, BufferType, Device, DeviceType
 from ..errors import GGXUnsupported
@@ -104,6 +103,3 @@ class RefBackendReg(BackendReg):
 
     def devices(self) -> list[Device]:
         return list(self._devices)
-
-    def get_proc_address(self, name: str) -> Callable | None:
-        return None

@@ -33,8 +33,7 @@ def _check_ids(op: str, idx: np.ndarray, limit: int, what: str) -> None:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
+    return 1.0 / (1.0 + np.exp(-x))
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
@@ -75,8 +74,7 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
 def _softmax_rows(x: np.ndarray) -> np.ndarray:
     """Softmax over the last axis; a row that is all -inf gives zeros (ggml's S == 0 guard)."""
     m = np.max(x, axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore"):
-        e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
+    e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
     s = np.sum(e, axis=-1, keepdims=True)
     return np.divide(e, s, out=np.zeros_like(e), where=s != 0)
 
@@ -347,5 +345,6 @@ OPS: dict[Op, Callable[[Tensor], None]] = {
 
 
 def compute_forward(dst: Tensor) -> None:
-    """Compute one node into its memory."""
-    OPS[dst.op](dst)
+    """Compute one node into its memory. IEEE semantics as in ggml: inf/NaN propagate without warnings."""
+    with np.errstate(all="ignore"):
+        OPS[dst.op](dst)

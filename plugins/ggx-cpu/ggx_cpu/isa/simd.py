@@ -123,6 +123,14 @@ def zero_f32x8(typingctx):
 
 
 @intrinsic
+def zero_i32x8(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_llty(I32x8), None)
+
+    return I32x8(), codegen
+
+
+@intrinsic
 def splat_f32x8(typingctx, x):
     if not isinstance(x, types.Float):
         return None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.types import GType
@@ -66,6 +66,18 @@ def f32_to_bits(typingctx, x):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.IntType(32))
     return types.uint32(types.float32), codegen
+
+
+def as_f32(v):
+    """float32 of an element read from a typed array: uint16 means F16 bits (numba-only helper)."""
+    raise NotImplementedError("as_f32 is only callable from numba code")
+
+
+@overload(as_f32, inline="always")
+def _as_f32(v):
+    if v == types.uint16:
+        return lambda v: f16_to_f32(v)
+    return lambda v: np.float32(v)
 
 
 @njit(cache=True, inline="always")

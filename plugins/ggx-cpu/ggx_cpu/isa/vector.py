@@ -1,0 +1,260 @@
+"""Q4_0 / Q4_1 / Q8_0 dot products on SIMD vectors, one source for every vector ISA.
+
+The ISA-specific part is the 8-bit product `dot_u8s8` / `dot_s8s8`, dispatched on the type of
+the `isa` token (see `ggx_cpu.isa.simd`): AVX2 (vpmaddubsw + vpmaddwd) or AVX-512 VNNI
+(vpdpbusd). Everything else (loads, nibble expansion, int -> float, fma) is plain LLVM IR.
+
+Layouts (shared with `ggx_cpu.isa.portable`, which has the same functions and signatures):
+
+- weights `w`: uint8, ggml block bytes; a row starts at byte `wo` and holds `nb` blocks.
+  Q4_0 block: f16 d @0, 16 B nibbles @2 (18 B). Q4_1: f16 d @0, f16 m @2, nibbles @4 (20 B).
+  Q8_0: f16 d @0, 32 x i8 @2 (34 B).
+- activations (from `ggx_cpu.kernels.quantize_act`, structure of arrays): `yq` int8 values,
+  a column starts at value `yo`; `yd` float32 block scale at `yo // 32 + b`; `ys` float32
+  Q8_1 `s` (d * sum q) at `yo // 32 + b`; `ys4` int32 sums of 4 consecutive values at `yo // 4 + i`.
+- per-lane accumulators: a row keeps 8 float lanes across all its blocks and sums them once.
+- tiles: 4 weight rows (at wo + r * wrs) x 4 columns (at yo0..yo3) with 16 accumulators;
+  result (r, c) goes to out[oo_c + r].
+"""
+from __future__ import annotations
+
+from numba import njit
+from numba.extending import overload
+
+from .simd import (
+    IsaType,
+    f16_bits_to_f32,
+    fma_i32x8_f32x8,
+    hsum_f32x8,
+    load_i8x16,
+    load_i8x32,
+    load_i32x8,
+    mul_i32x8,
+    nibbles_i8x32,
+    splat_f32x8,
+    zero_f32x8,
+    zero_i32x8,
+)
+
+
+def _isa_module(isa):
+    if not isinstance(isa, IsaType):
+        return None
+    if isa.isa_name == "avx512_vnni":
+        from . import avx512_vnni as m
+    elif isa.isa_name == "avx2":
+        from . import avx2 as m
+    else:
+        return None
+    return m
+
+
+def dot_u8s8(isa, acc, u, s):
+    """Lane-wise acc + u . s (u unsigned bytes, s signed bytes) with `isa`'s instruction."""
+
+
+def dot_s8s8(isa, acc, w, y, ysum4):
+    """Lane-wise acc + w . y (both signed bytes); ysum4 = the lanes' sums of y."""
+
+
+@overload(dot_u8s8, inline="always")
+def _ol_dot_u8s8(isa, acc, u, s):
+    m = _isa_module(isa)
+    if m is not None:
+        f = m.dot_u8s8
+        return lambda isa, acc, u, s: f(acc, u, s)
+
+
+@overload(dot_s8s8, inline="always")
+def _ol_dot_s8s8(isa, acc, w, y, ysum4):
+    m = _isa_module(isa)
+    if m is not None:
+        f = m.dot_s8s8
+        return lambda isa, acc, w, y, ysum4: f(acc, w, y, ysum4)
+
+
+@njit(cache=True, inline="always")
+def _f16(w, o):
+    return f16_bits_to_f32(w[o] | (w[o + 1] << 8))
+
+
+@njit(cache=True)
+def dot_q4_0(isa, w, wo, nb, yq, yd, ys, ys4, yo):
+    """sum_b d_w d_y sum_j (q_j - 8) y_j: lanes start at -8 * (sums of y), then += q . y."""
+    acc = zero_f32x8()
+    for b in range(nb):
+        o = wo + b * 18
+        y = yo + b * 32
+        init = mul_i32x8(load_i32x8(ys4, y // 4), -8)
+        lanes = dot_u8s8(isa, init, nibbles_i8x32(load_i8x16(w, o + 2)), load_i8x32(yq, y))
+        acc = fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * yd[y // 32]))
+    return hsum_f32x8(acc)
+
+
+@njit(cache=True)
+def dot_q4_1(isa, w, wo, nb, yq, yd, ys, ys4, yo):
+    """sum_b d_w d_y (q . y) + m_w s_y (ggml's vec_dot_q4_1_q8_1)."""
+    acc = zero_f32x8()
+    acc_m = 0.0
+    for b in range(nb):
+        o = wo + b * 20
+        y = yo + b * 32
+        lanes = dot_u8s8(isa, zero_i32x8(),
+                         nibbles_i8x32(load_i8x16(w, o + 4)), load_i8x32(yq, y))
+        acc = fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * yd[y // 32]))
+        acc_m += _f16(w, o + 2) * ys[y // 32]
+    return hsum_f32x8(acc) + acc_m
+
+
+@njit(cache=True)
+def dot_q8_0(isa, w, wo, nb, yq, yd, ys, ys4, yo):
+    """sum_b d_w d_y (w . y)."""
+    acc = zero_f32x8()
+    for b in range(nb):
+        o = wo + b * 34
+        y = yo + b * 32
+        lanes = dot_s8s8(isa, zero_i32x8(), load_i8x32(w, o + 2), load_i8x32(yq, y), load_i32x8(ys4, y // 4))
+        acc = fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * yd[y // 32]))
+    return hsum_f32x8(acc)
+
+
+@njit(cache=True)
+def tile_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3):
+    """4 rows x 4 columns of dot_q4_0, each weight and activation block loaded once."""
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = zero_f32x8()
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = zero_f32x8()
+    for b in range(nb):
+        o0 = wo + b * 18
+        o1 = o0 + wrs
+        o2 = o1 + wrs
+        o3 = o2 + wrs
+        w0 = nibbles_i8x32(load_i8x16(w, o0 + 2))
+        w1 = nibbles_i8x32(load_i8x16(w, o1 + 2))
+        w2 = nibbles_i8x32(load_i8x16(w, o2 + 2))
+        w3 = nibbles_i8x32(load_i8x16(w, o3 + 2))
+        d0, d1, d2, d3 = _f16(w, o0), _f16(w, o1), _f16(w, o2), _f16(w, o3)
+        y0, y1, y2, y3 = yo0 + b * 32, yo1 + b * 32, yo2 + b * 32, yo3 + b * 32
+        # column c: its activation block, its -8 * sums (lane start), its scale
+        v, i, e = load_i8x32(yq, y0), mul_i32x8(load_i32x8(ys4, y0 // 4), -8), yd[y0 // 32]
+        a00 = fma_i32x8_f32x8(a00, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
+        a10 = fma_i32x8_f32x8(a10, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
+        a20 = fma_i32x8_f32x8(a20, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
+        a30 = fma_i32x8_f32x8(a30, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
+        v, i, e = load_i8x32(yq, y1), mul_i32x8(load_i32x8(ys4, y1 // 4), -8), yd[y1 // 32]
+        a01 = fma_i32x8_f32x8(a01, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
+        a11 = fma_i32x8_f32x8(a11, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
+        a21 = fma_i32x8_f32x8(a21, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
+        a31 = fma_i32x8_f32x8(a31, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
+        v, i, e = load_i8x32(yq, y2), mul_i32x8(load_i32x8(ys4, y2 // 4), -8), yd[y2 // 32]
+        a02 = fma_i32x8_f32x8(a02, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
+        a12 = fma_i32x8_f32x8(a12, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
+        a22 = fma_i32x8_f32x8(a22, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
+        a32 = fma_i32x8_f32x8(a32, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
+        v, i, e = load_i8x32(yq, y3), mul_i32x8(load_i32x8(ys4, y3 // 4), -8), yd[y3 // 32]
+        a03 = fma_i32x8_f32x8(a03, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
+        a13 = fma_i32x8_f32x8(a13, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
+        a23 = fma_i32x8_f32x8(a23, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
+        a33 = fma_i32x8_f32x8(a33, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
+    _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+             a20, a21, a22, a23, a30, a31, a32, a33)
+
+
+@njit(cache=True)
+def tile_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3):
+    """4 rows x 4 columns of dot_q4_1; the m * s terms run in a second, scalar pass."""
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = zero_f32x8()
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = zero_f32x8()
+    z = zero_i32x8()
+    for b in range(nb):
+        o0 = wo + b * 20
+        o1 = o0 + wrs
+        o2 = o1 + wrs
+        o3 = o2 + wrs
+        w0 = nibbles_i8x32(load_i8x16(w, o0 + 4))
+        w1 = nibbles_i8x32(load_i8x16(w, o1 + 4))
+        w2 = nibbles_i8x32(load_i8x16(w, o2 + 4))
+        w3 = nibbles_i8x32(load_i8x16(w, o3 + 4))
+        d0, d1, d2, d3 = _f16(w, o0), _f16(w, o1), _f16(w, o2), _f16(w, o3)
+        y0, y1, y2, y3 = yo0 + b * 32, yo1 + b * 32, yo2 + b * 32, yo3 + b * 32
+        v, e = load_i8x32(yq, y0), yd[y0 // 32]
+        a00 = fma_i32x8_f32x8(a00, dot_u8s8(isa, z, w0, v), splat_f32x8(d0 * e))
+        a10 = fma_i32x8_f32x8(a10, dot_u8s8(isa, z, w1, v), splat_f32x8(d1 * e))
+        a20 = fma_i32x8_f32x8(a20, dot_u8s8(isa, z, w2, v), splat_f32x8(d2 * e))
+        a30 = fma_i32x8_f32x8(a30, dot_u8s8(isa, z, w3, v), splat_f32x8(d3 * e))
+        v, e = load_i8x32(yq, y1), yd[y1 // 32]
+        a01 = fma_i32x8_f32x8(a01, dot_u8s8(isa, z, w0, v), splat_f32x8(d0 * e))
+        a11 = fma_i32x8_f32x8(a11, dot_u8s8(isa, z, w1, v), splat_f32x8(d1 * e))
+        a21 = fma_i32x8_f32x8(a21, dot_u8s8(isa, z, w2, v), splat_f32x8(d2 * e))
+        a31 = fma_i32x8_f32x8(a31, dot_u8s8(isa, z, w3, v), splat_f32x8(d3 * e))
+        v, e = load_i8x32(yq, y2), yd[y2 // 32]
+        a02 = fma_i32x8_f32x8(a02, dot_u8s8(isa, z, w0, v), splat_f32x8(d0 * e))
+        a12 = fma_i32x8_f32x8(a12, dot_u8s8(isa, z, w1, v), splat_f32x8(d1 * e))
+        a22 = fma_i32x8_f32x8(a22, dot_u8s8(isa, z, w2, v), splat_f32x8(d2 * e))
+        a32 = fma_i32x8_f32x8(a32, dot_u8s8(isa, z, w3, v), splat_f32x8(d3 * e))
+        v, e = load_i8x32(yq, y3), yd[y3 // 32]
+        a03 = fma_i32x8_f32x8(a03, dot_u8s8(isa, z, w0, v), splat_f32x8(d0 * e))
+        a13 = fma_i32x8_f32x8(a13, dot_u8s8(isa, z, w1, v), splat_f32x8(d1 * e))
+        a23 = fma_i32x8_f32x8(a23, dot_u8s8(isa, z, w2, v), splat_f32x8(d2 * e))
+        a33 = fma_i32x8_f32x8(a33, dot_u8s8(isa, z, w3, v), splat_f32x8(d3 * e))
+    _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+             a20, a21, a22, a23, a30, a31, a32, a33)
+    for r in range(4):
+        ro = wo + r * wrs
+        m0 = m1 = m2 = m3 = 0.0
+        for b in range(nb):
+            m = _f16(w, ro + b * 20 + 2)
+            m0 += m * ys[yo0 // 32 + b]
+            m1 += m * ys[yo1 // 32 + b]
+            m2 += m * ys[yo2 // 32 + b]
+            m3 += m * ys[yo3 // 32 + b]
+        out[oo0 + r] += m0
+        out[oo1 + r] += m1
+        out[oo2 + r] += m2
+        out[oo3 + r] += m3
+
+
+@njit(cache=True)
+def tile_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3):
+    """4 rows x 4 columns of dot_q8_0."""
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = zero_f32x8()
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = zero_f32x8()
+    z = zero_i32x8()
+    for b in range(nb):
+        o0 = wo + b * 34
+        o1 = o0 + wrs
+        o2 = o1 + wrs
+        o3 = o2 + wrs
+        w0, w1, w2, w3 = load_i8x32(w, o0 + 2), load_i8x32(w, o1 + 2), load_i8x32(w, o2 + 2), load_i8x32(w, o3 + 2)
+        d0, d1, d2, d3 = _f16(w, o0), _f16(w, o1), _f16(w, o2), _f16(w, o3)
+        y0, y1, y2, y3 = yo0 + b * 32, yo1 + b * 32, yo2 + b * 32, yo3 + b * 32
+        v, s, e = load_i8x32(yq, y0), load_i32x8(ys4, y0 // 4), yd[y0 // 32]
+        a00 = fma_i32x8_f32x8(a00, dot_s8s8(isa, z, w0, v, s), splat_f32x8(d0 * e))
+        a10 = fma_i32x8_f32x8(a10, dot_s8s8(isa, z, w1, v, s), splat_f32x8(d1 * e))
+        a20 = fma_i32x8_f32x8(a20, dot_s8s8(isa, z, w2, v, s), splat_f32x8(d2 * e))
+        a30 = fma_i32x8_f32x8(a30, dot_s8s8(isa, z, w3, v, s), splat_f32x8(d3 * e))
+        v, s, e = load_i8x32(yq, y1), load_i32x8(ys4, y1 // 4), yd[y1 // 32]
+        a01 = fma_i32x8_f32x8(a01, dot_s8s8(isa, z, w0, v, s), splat_f32x8(d0 * e))
+        a11 = fma_i32x8_f32x8(a11, dot_s8s8(isa, z, w1, v, s), splat_f32x8(d1 * e))
+        a21 = fma_i32x8_f32x8(a21, dot_s8s8(isa, z, w2, v, s), splat_f32x8(d2 * e))
+        a31 = fma_i32x8_f32x8(a31, dot_s8s8(isa, z, w3, v, s), splat_f32x8(d3 * e))
+        v, s, e = load_i8x32(yq, y2), load_i32x8(ys4, y2 // 4), yd[y2 // 32]
+        a02 = fma_i32x8_f32x8(a02, dot_s8s8(isa, z, w0, v, s), splat_f32x8(d0 * e))
+        a12 = fma_i32x8_f32x8(a12, dot_s8s8(isa, z, w1, v, s), splat_f32x8(d1 * e))
+        a22 = fma_i32x8_f32x8(a22, dot_s8s8(isa, z, w2, v, s), splat_f32x8(d2 * e))
+        a32 = fma_i32x8_f32x8(a32, dot_s8s8(isa, z, w3, v, s), splat_f32x8(d3 * e))
+        v, s, e = load_i8x32(yq, y3), load_i32x8(ys4, y3 // 4), yd[y3 // 32]
+        a03 = fma_i32x8_f32x8(a03, dot_s8s8(isa, z, w0, v, s), splat_f32x8(d0 * e))
+        a13 = fma_i32x8_f32x8(a13, dot_s8s8(isa, z, w1, v, s), splat_f32x8(d1 * e))
+        a23 = fma_i32x8_f32x8(a23, dot_s8s8(isa, z, w2, v, s), splat_f32x8(d2 * e))
+        a33 = fma_i32x8_f32x8(a33, dot_s8s8(isa, z, w3, v, s), splat_f32x8(d3 * e))
+    _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+             a20, a21, a22, a23, a30, a31, a32, a33)
+
+
+@njit(cache=True, inline="always")
+def _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+             a20, a21, a22, a23, a30, a31, a32, a33):
+    out[oo0 + 0], out[oo1 + 0], out[oo2 + 0], out[oo3 + 0] = hsum_f32x8(a00), hsum_f32x8(a01), hsum_f32x8(a02), hsum_f32x8(a03)
+    out[oo0 + 1], out[oo1 + 1], out[oo2 + 1], out[oo3 + 1] = hsum_f32x8(a10), hsum_f32x8(a11), hsum_f32x8(a12), hsum_f32x8(a13)
+    out[oo0 + 2], out[oo1 + 2], out[oo2 + 2], out[oo3 + 2] = hsum_f32x8(a20), hsum_f32x8(a21), hsum_f32x8(a22), hsum_f32x8(a23)
+    out[oo0 + 3], out[oo1 + 3], out[oo2 + 3], out[oo3 + 3] = hsum_f32x8(a30), hsum_f32x8(a31), hsum_f32x8(a32), hsum_f32x8(a33)

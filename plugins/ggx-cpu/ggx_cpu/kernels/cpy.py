@@ -1,0 +1,114 @@
+"""CPY / DUP / CONT: copy a tensor's values, in logical (row-major over ne) order, into a
+destination of the same element count, converting the type on the way (ggml_cpy / ggml_dup /
+ggml_cont).
+
+Element k of the source (flat index over its ne, ne0 fastest) goes to element k of the
+destination, whatever the two shapes and strides are. Float sources (F32/F16/BF16) are converted
+to any storable destination, quantizing with ggml's reference quantizers (bit-exact with
+ggml_quantize_chunk); same-type copies move raw bytes (index types, and quantized blocks row by
+row). One byte-level kernel serves every type pair.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ggx.errors import GGXShapeError, GGXUnsupported
+from ggx.tensor import Tensor
+from ggx.types import GType
+
+from .common import host_bytes, need_rows, need_srcs
+from .convert import F16, F32, STORE_TYPES, f32_to_bf16, f32_to_f16, load_elem, store_row, wr_u16
+
+FLOAT_SRC = (GType.F32, GType.F16, GType.BF16)
+
+
+@njit(cache=True, inline="always")
+def _unravel(flat, ne):
+    i0 = flat % ne[0]
+    flat //= ne[0]
+    i1 = flat % ne[1]
+    flat //= ne[1]
+    return i0, i1, flat % ne[2], flat // ne[2]
+
+
+@njit(cache=True, inline="always")
+def _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0, b):
+    """Byte offset of source element (flat index r*ne0 + i0); b = bytes per source unit along ne0."""
+    if same_rows:
+        _, s1, s2, s3 = _unravel(r * s_ne[0], s_ne)
+        return so + i0 * s_nb[0] + s1 * s_nb[1] + s2 * s_nb[2] + s3 * s_nb[3]
+    s0, s1, s2, s3 = _unravel(r * ne0 + i0, s_ne)
+    return so + s0 * s_nb[0] + s1 * s_nb[1] + s2 * s_nb[2] + s3 * s_nb[3]
+
+
+@njit(cache=True, parallel=True)
+def cpy_kernel(scode, es, raw, s, so, s_nb, s_ne, dcode, d, do, d_nb, d_ne):
+    """Copy/convert into each destination row. raw: same type, copy `es` bytes per unit
+    (an element, or a whole row of blocks when es is the row's byte size)."""
+    n1, n2 = d_ne[1], d_ne[2]
+    ne0 = d_ne[0]
+    same_rows = s_ne[0] == ne0
+    for r in prange(d_ne[1] * d_ne[2] * d_ne[3]):
+        i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
+        db = do + i1 * d_nb[1] + i2 * d_nb[2] + i3 * d_nb[3]
+        if raw:
+            units = 1 if es > 8 else ne0  # quantized: one unit = the whole row
+            for i0 in range(units):
+                sb = _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0, es)
+                dbi = db + i0 * d_nb[0]
+                for c in range(es):
+                    d[dbi + c] = s[sb + c]
+        else:
+            tmp = np.empty(ne0, np.float32)
+            for i0 in range(ne0):
+                tmp[i0] = load_elem(s, _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0, 0), scode)
+            if dcode == F32 or dcode == F16 or dcode == 30:  # element types: honour the dst stride
+                for i0 in range(ne0):
+                    o = db + i0 * d_nb[0]
+                    if dcode == F32:
+                        d[o: o + 4].view(np.float32)[0] = tmp[i0]
+                    elif dcode == F16:
+                        wr_u16(d, o, f32_to_f16(tmp[i0]))
+                    else:
+                        wr_u16(d, o, f32_to_bf16(tmp[i0]))
+            else:
+                store_row(tmp, dcode, ne0, d, db)
+
+
+def cpy(node: Tensor, n_threads: int) -> None:
+    """CPY(a, b) writes into b (node is the view of b); DUP and CONT write into node itself."""
+    op = node.op.name
+    need_srcs(node, 1)
+    src = node.src[0]
+    dst = node
+    if node.nelements != src.nelements:
+        raise GGXShapeError(f"{op}: {src.describe()} and {dst.describe()} differ in element count")
+    if src.nelements == 0:
+        return
+    sbuf, so = host_bytes(src, "src", op)
+    dbuf, do = host_bytes(dst, "dst", op)
+    if src.type is dst.type:
+        if src.type.is_quantized:
+            # whole rows of blocks: both sides need contiguous rows of equal length
+            need_rows(src, "src", op)
+            need_rows(dst, "dst", op)
+            if src.ne[0] != dst.ne[0]:
+                if not (src.is_contiguous() and dst.is_contiguous()):
+                    raise GGXUnsupported(f"{op}: reshaping copy of quantized {src.describe()} needs contiguous tensors")
+                dbuf[do: do + dst.nbytes] = sbuf[so: so + src.nbytes]
+                return
+            es = src.row_bytes
+        else:
+            es = src.type.type_size
+        cpy_kernel(src.type.ggml_id, es, True, sbuf, so, tuple(src.nb), tuple(src.ne),
+                   dst.type.ggml_id, dbuf, do, tuple(dst.nb), tuple(dst.ne))
+        return
+    if src.type not in FLOAT_SRC:
+        raise GGXUnsupported(f"{op}: cannot convert {src.describe()} to {dst.type.name}")
+    if dst.type not in STORE_TYPES:
+        raise GGXUnsupported(f"{op}: cannot convert to {dst.describe()}")
+    if dst.type.is_quantized:
+        need_rows(dst, "dst", op)
+    cpy_kernel(src.type.ggml_id, 0, False, sbuf, so, tuple(src.nb), tuple(src.ne),
+               dst.type.ggml_id, dbuf, do, tuple(dst.nb), tuple(dst.ne))

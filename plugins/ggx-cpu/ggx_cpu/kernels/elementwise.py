@@ -1,0 +1,206 @@
+"""ADD, MUL (b broadcast over a), SCALE, SILU, GELU (tanh / erf / quick), GLU (swiglu, geglu).
+
+All F32. Rows (ne0) are the unit of parallel work: one prange over ne1*ne2*ne3 rows per op.
+GELU (tanh) and GELU_QUICK follow ggml's CPU: the input is rounded to F16 and looked up in a
+65536-entry table of F16 results (GGML_GELU_FP16); GELU returns 0 for x <= -10 and x for
+x >= 10. GELU_ERF and SILU are plain F32.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ggx.errors import GGXShapeError
+from ggx.ops import GeluKind, GluKind
+from ggx.tensor import Tensor
+from ggx.types import GType
+
+from .common import elems, need_ne, need_srcs, need_type
+from .convert import f32_to_f16
+
+# unary codes
+SCALE, SILU, GELU, GELU_ERF, GELU_QUICK = 0, 1, 2, 3, 4
+# binary codes
+ADD, MUL = 0, 1
+
+_tables: dict[str, np.ndarray] = {}
+
+
+def gelu_table(kind: str) -> np.ndarray:
+    """ggml_table_gelu_f16 / ggml_table_gelu_quick_f16 as float32: f16(act(f16 value i)) for bits i."""
+    tab = _tables.get(kind)
+    if tab is None:
+        x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+        with np.errstate(all="ignore"):
+            if kind == "tanh":
+                y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(
+                    np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))
+            else:
+                y = x * (np.float32(1.0) / (np.float32(1.0) + np.exp(np.float32(-1.702) * x)))
+            tab = _tables[kind] = y.astype(np.float16).astype(np.float32)
+    return tab
+
+
+@njit(cache=True, inline="always")
+def silu(x):
+    return x / (np.float32(1.0) + np.float32(math.exp(-x)))
+
+
+@njit(cache=True, inline="always")
+def gelu_lut(x, table):
+    if x <= np.float32(-10.0):
+        return np.float32(0.0)
+    if x >= np.float32(10.0):
+        return x
+    return table[f32_to_f16(x)]
+
+
+@njit(cache=True, inline="always")
+def gelu_erf(x):
+    return np.float32(0.5 * x * (1.0 + math.erf(x * 0.7071067811865476)))
+
+
+@njit(cache=True, inline="always")
+def activate(code, x, table):
+    if code == SILU:
+        return silu(x)
+    if code == GELU:
+        return gelu_lut(x, table)
+    if code == GELU_QUICK:
+        return table[f32_to_f16(x)]
+    return gelu_erf(x)
+
+
+@njit(cache=True, parallel=True)
+def unary_kernel(code, s, b, table, x, xo, xs, ne, y, yo, ys):
+    """y = f(x) elementwise over ne; SCALE: y = x*s + b."""
+    n1, n2 = ne[1], ne[2]
+    for r in prange(ne[1] * ne[2] * ne[3]):
+        i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
+        xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
+        yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
+        if code == SCALE:
+            for i in range(ne[0]):
+                y[yb + i * ys[0]] = x[xb + i * xs[0]] * s + b
+        else:
+            for i in range(ne[0]):
+                y[yb + i * ys[0]] = activate(code, x[xb + i * xs[0]], table)
+
+
+@njit(cache=True, parallel=True)
+def binary_kernel(code, a, ao, as_, ne, b, bo, bs, bne, d, do, ds):
+    """d = a (op) b with b repeated over a: b index = i % b.ne per dim."""
+    n1, n2 = ne[1], ne[2]
+    for r in prange(ne[1] * ne[2] * ne[3]):
+        i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
+        ab = ao + i1 * as_[1] + i2 * as_[2] + i3 * as_[3]
+        bb = bo + (i1 % bne[1]) * bs[1] + (i2 % bne[2]) * bs[2] + (i3 % bne[3]) * bs[3]
+        db = do + i1 * ds[1] + i2 * ds[2] + i3 * ds[3]
+        if bne[0] == ne[0]:
+            if code == ADD:
+                for i in range(ne[0]):
+                    d[db + i * ds[0]] = a[ab + i * as_[0]] + b[bb + i * bs[0]]
+            else:
+                for i in range(ne[0]):
+                    d[db + i * ds[0]] = a[ab + i * as_[0]] * b[bb + i * bs[0]]
+        else:
+            for i in range(ne[0]):
+                bv = b[bb + (i % bne[0]) * bs[0]]
+                d[db + i * ds[0]] = a[ab + i * as_[0]] + bv if code == ADD else a[ab + i * as_[0]] * bv
+
+
+@njit(cache=True, parallel=True)
+def glu_kernel(code, table, g, go, gs, u, uo, us, ne, d, do, ds):
+    """d = act(gate) * up; gate and up are separate operands (fused rows pass shifted offsets)."""
+    n1, n2 = ne[1], ne[2]
+    for r in prange(ne[1] * ne[2] * ne[3]):
+        i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
+        gb = go + i1 * gs[1] + i2 * gs[2] + i3 * gs[3]
+        ub = uo + i1 * us[1] + i2 * us[2] + i3 * us[3]
+        db = do + i1 * ds[1] + i2 * ds[2] + i3 * ds[3]
+        for i in range(ne[0]):
+            d[db + i * ds[0]] = activate(code, g[gb + i * gs[0]], table) * u[ub + i * us[0]]
+
+
+_NO_TABLE = np.zeros(1, np.float32)
+
+
+def _unary(node: Tensor, code: int, s: float = 0.0, b: float = 0.0, table: np.ndarray = _NO_TABLE) -> None:
+    op = node.op.name
+    need_srcs(node, 1)
+    src = node.src[0]
+    need_type(src, "a", op, GType.F32)
+    need_type(node, "dst", op, GType.F32)
+    need_ne(node, src.ne, "dst", op)
+    x, xo, xs, ne = elems(src, "a", op)
+    y, yo, ys, _ = elems(node, "dst", op)
+    unary_kernel(code, np.float32(s), np.float32(b), table, x, xo, xs, ne, y, yo, ys)
+
+
+def scale(node: Tensor, n_threads: int) -> None:
+    _unary(node, SCALE, node.params.s, node.params.b)
+
+
+def silu_op(node: Tensor, n_threads: int) -> None:
+    _unary(node, SILU)
+
+
+def gelu(node: Tensor, n_threads: int) -> None:
+    kind = node.params.kind if node.params is not None else GeluKind.TANH
+    if kind is GeluKind.TANH:
+        _unary(node, GELU, table=gelu_table("tanh"))
+    elif kind is GeluKind.QUICK:
+        _unary(node, GELU_QUICK, table=gelu_table("quick"))
+    else:
+        _unary(node, GELU_ERF)
+
+
+def _binary(node: Tensor, code: int) -> None:
+    op = node.op.name
+    need_srcs(node, 2)
+    a, b = node.src[0], node.src[1]
+    for role, t in (("a", a), ("b", b), ("dst", node)):
+        need_type(t, role, op, GType.F32)
+    need_ne(node, a.ne, "dst", op)
+    if any(bn == 0 or an % bn for an, bn in zip(a.ne, b.ne)):
+        raise GGXShapeError(f"{op}: b {b.describe()} does not broadcast over a {a.describe()}")
+    aa, ao, as_, ne = elems(a, "a", op)
+    bb, bo, bs, bne = elems(b, "b", op)
+    dd, do, ds, _ = elems(node, "dst", op)
+    binary_kernel(code, aa, ao, as_, ne, bb, bo, bs, bne, dd, do, ds)
+
+
+def add(node: Tensor, n_threads: int) -> None:
+    _binary(node, ADD)
+
+
+def mul(node: Tensor, n_threads: int) -> None:
+    _binary(node, MUL)
+
+
+def glu(node: Tensor, n_threads: int) -> None:
+    """ggml_glu: fused (one source, rows [gate | up], swapped: [up | gate]) or split (gate=a, up=b)."""
+    op = "GLU"
+    need_srcs(node, 1)
+    a = node.src[0]
+    kind, swapped = node.params.kind, node.params.swapped
+    code, table = (SILU, _NO_TABLE) if kind is GluKind.SWIGLU else (GELU, gelu_table("tanh"))
+    need_type(a, "a", op, GType.F32)
+    need_type(node, "dst", op, GType.F32)
+    g, go, gs, ane = elems(a, "a", op)
+    d, do, ds, ne = elems(node, "dst", op)
+    if len(node.src) > 1 and node.src[1] is not None:
+        b = node.src[1]
+        need_type(b, "b", op, GType.F32)
+        need_ne(b, a.ne, "b", op)
+        need_ne(node, a.ne, "dst", op)
+        u, uo, us, _ = elems(b, "b", op)
+    else:
+        nc = ane[0] // 2
+        if ane[0] != 2 * nc or ne != (nc,) + ane[1:]:
+            raise GGXShapeError(f"GLU: fused input {a.describe()} must have 2x the row of dst {node.describe()}")
+        u, uo, us = g, go + (0 if swapped else nc * gs[0]), gs
+        go = go + (nc * gs[0] if swapped else 0)
+    glu_kernel(code, table, g, go, gs, u, uo, us, ne, d, do, ds)

@@ -1,0 +1,65 @@
+"""RMS_NORM and NORM over each row (ne0), F32, sums in float64 like ggml (ggml_float)."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ggx.tensor import Tensor
+from ggx.types import GType
+
+from .common import elems, need_ne, need_srcs, need_type
+
+RMS, MEAN_VAR = 0, 1
+
+
+@njit(cache=True, parallel=True)
+def norm_kernel(code, eps, x, xo, xs, ne, y, yo, ys):
+    """RMS: y = x / sqrt(mean(x^2) + eps).  MEAN_VAR: y = (x - mean) / sqrt(mean((x - mean)^2) + eps)."""
+    n0, n1, n2 = ne[0], ne[1], ne[2]
+    for r in prange(ne[1] * ne[2] * ne[3]):
+        i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
+        xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
+        yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
+        if code == RMS:
+            acc = 0.0
+            for i in range(n0):
+                v = x[xb + i * xs[0]]
+                acc += np.float64(v * v)
+            mean = np.float32(acc / n0)
+            sc = np.float32(1.0) / np.float32(np.sqrt(mean + eps))
+            for i in range(n0):
+                y[yb + i * ys[0]] = x[xb + i * xs[0]] * sc
+        else:
+            acc = 0.0
+            for i in range(n0):
+                acc += np.float64(x[xb + i * xs[0]])
+            mean = np.float32(acc / n0)
+            acc2 = 0.0
+            for i in range(n0):
+                v = x[xb + i * xs[0]] - mean
+                y[yb + i * ys[0]] = v
+                acc2 += np.float64(v * v)
+            var = np.float32(acc2 / n0)
+            sc = np.float32(1.0) / np.float32(np.sqrt(var + eps))
+            for i in range(n0):
+                y[yb + i * ys[0]] *= sc
+
+
+def _norm(node: Tensor, code: int) -> None:
+    op = node.op.name
+    need_srcs(node, 1)
+    src = node.src[0]
+    need_type(src, "a", op, GType.F32)
+    need_type(node, "dst", op, GType.F32)
+    need_ne(node, src.ne, "dst", op)
+    x, xo, xs, ne = elems(src, "a", op)
+    y, yo, ys, _ = elems(node, "dst", op)
+    norm_kernel(code, np.float32(node.params.eps), x, xo, xs, ne, y, yo, ys)
+
+
+def rms_norm(node: Tensor, n_threads: int) -> None:
+    _norm(node, RMS)
+
+
+def norm(node: Tensor, n_threads: int) -> None:
+    _norm(node, MEAN_VAR)

@@ -1,0 +1,93 @@
+"""ROPE (modes NORMAL and NEOX) with ggml's YaRN parameters, F32.
+
+a is [head_dim, n_head, n_tokens, ne3], pos I32 [n_tokens]. For token t, pair i (0 <= 2i < n_dims)
+rotates by theta = pos[t] * freq_base^(-2i/n_dims), computed as ggml does: theta_scale =
+freq_base^(-2/n_dims) in float32 and theta multiplied by it pair after pair; YaRN mixes the
+interpolated (freq_scale * theta) and extrapolated angles with a ramp over the correction dims
+when ext_factor != 0. NORMAL rotates (x[2i], x[2i+1]); NEOX rotates (x[i], x[i + n_dims/2]);
+values at and past n_dims are copied.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ggx.errors import GGXShapeError
+from ggx.ops import RopeMode
+from ggx.tensor import Tensor
+from ggx.types import GType
+
+from .common import elems, need_ne, need_rows, need_srcs, need_type
+
+
+def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims (float32 like ggml)."""
+    def corr_dim(n_rot: float) -> float:
+        with np.errstate(divide="ignore"):
+            return float(np.float32(n_dims) * np.log(np.float32(n_ctx_orig) / (np.float32(n_rot) * np.float32(2 * math.pi)))
+                         / (np.float32(2) * np.log(np.float32(freq_base))))
+    start = math.floor(corr_dim(beta_fast)) if math.isfinite(corr_dim(beta_fast)) else corr_dim(beta_fast)
+    end = math.ceil(corr_dim(beta_slow)) if math.isfinite(corr_dim(beta_slow)) else corr_dim(beta_slow)
+    return max(0.0, start), min(n_dims - 1.0, end)
+
+
+@njit(cache=True, parallel=True)
+def rope_kernel(neox, n_dims, theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1,
+                x, xo, xs, ne, pos, po, ps, y, yo, ys):
+    n0, n1, n2 = ne[0], ne[1], ne[2]
+    half = n_dims // 2
+    for r in prange(ne[1] * ne[2] * ne[3]):
+        i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
+        xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
+        yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
+        theta_extrap = np.float32(pos[po + i2 * ps[0]])
+        for k in range(half):  # pair k uses theta_base * theta_scale^k
+            theta_interp = freq_scale * theta_extrap
+            theta = theta_interp
+            mscale = attn_factor
+            if ext_factor != 0:
+                yr = (np.float32(k) - corr0) / max(np.float32(0.001), corr1 - corr0)
+                ramp = (np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), yr))) * ext_factor
+                theta = theta_interp * (np.float32(1.0) - ramp) + theta_extrap * ramp
+                mscale *= np.float32(1.0) + np.float32(0.1) * np.float32(math.log(1.0 / freq_scale))
+            c = np.float32(math.cos(theta)) * mscale
+            s = np.float32(math.sin(theta)) * mscale
+            if neox:
+                j0, j1 = k, k + half
+            else:
+                j0, j1 = 2 * k, 2 * k + 1
+            x0 = x[xb + j0 * xs[0]]
+            x1 = x[xb + j1 * xs[0]]
+            y[yb + j0 * ys[0]] = x0 * c - x1 * s
+            y[yb + j1 * ys[0]] = x0 * s + x1 * c
+            theta_extrap *= theta_scale
+        for i in range(n_dims, n0):
+            y[yb + i * ys[0]] = x[xb + i * xs[0]]
+
+
+def rope(node: Tensor, n_threads: int) -> None:
+    op = "ROPE"
+    need_srcs(node, 2)
+    a, pos = node.src[0], node.src[1]
+    p = node.params
+    need_type(a, "a", op, GType.F32)
+    need_type(pos, "pos", op, GType.I32)
+    need_type(node, "dst", op, GType.F32)
+    need_ne(node, a.ne, "dst", op)
+    need_rows(a, "a", op)
+    if pos.ne[0] < a.ne[2]:
+        raise GGXShapeError(f"ROPE: pos {pos.describe()} has fewer than a.ne2={a.ne[2]} positions")
+    if p.n_dims <= 0 or p.n_dims % 2 or p.n_dims > a.ne[0]:
+        raise GGXShapeError(f"ROPE: n_dims={p.n_dims} must be even, positive and at most ne0={a.ne[0]}")
+    if p.mode not in (RopeMode.NORMAL, RopeMode.NEOX):
+        raise GGXShapeError(f"ROPE: mode {p.mode} is not supported")
+    x, xo, xs, ne = elems(a, "a", op)
+    pp, po, ps, _ = elems(pos, "pos", op)
+    y, yo, ys, _ = elems(node, "dst", op)
+    theta_scale = np.float32(np.float32(p.freq_base) ** np.float32(-2.0 / p.n_dims))
+    c0, c1 = yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+    f32 = np.float32
+    rope_kernel(p.mode == RopeMode.NEOX, p.n_dims, theta_scale, f32(p.freq_scale), f32(p.ext_factor),
+                f32(p.attn_factor), f32(c0), f32(c1), x, xo, xs, ne, pp, po, ps, y, yo, ys)

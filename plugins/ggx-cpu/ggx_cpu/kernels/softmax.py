@@ -1,0 +1,82 @@
+"""SOFT_MAX: softmax over ne0 of a*scale + slope_h*mask, F32 (mask F16 or F32), like ggml.
+
+The mask row is mask[:, i1, i2 % mask.ne2, i3 % mask.ne3] (mask.ne1 may exceed a.ne1). ALiBi
+(max_bias > 0): head h = i2 has slope m0^(h+1) for h < n_head_log2, else m1^(2(h-n_head_log2)+1),
+n_head_log2 = 2^floor(log2(n_head)), m0 = 2^(-max_bias/n_head_log2), m1 = 2^(-max_bias/2/n_head_log2).
+The exponentials' sum is accumulated in float64 (ggml_vec_soft_max_f32).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ggx.errors import GGXShapeError
+from ggx.tensor import Tensor
+from ggx.types import GType
+
+from .common import elems, need_ne, need_srcs, need_type
+from .convert import as_f32
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """float32 slope per head (all 1 when max_bias == 0), as ggml computes them."""
+    if max_bias <= 0:
+        return np.ones(max(n_head, 1), np.float32)
+    n_head_log2 = 2 ** int(math.floor(math.log2(n_head)))
+    m0 = np.float32(2.0) ** np.float32(-max_bias / n_head_log2)
+    m1 = np.float32(2.0) ** np.float32(-max_bias / 2.0 / n_head_log2)
+    h = np.arange(n_head)
+    return np.where(h < n_head_log2, m0 ** (h + 1).astype(np.float32),
+                    m1 ** (2 * (h - n_head_log2) + 1).astype(np.float32)).astype(np.float32)
+
+
+@njit(cache=True, parallel=True)
+def softmax_kernel(scale, slopes, has_mask, x, xo, xs, ne, m, mo, ms, mne, y, yo, ys):
+    n0, n1, n2 = ne[0], ne[1], ne[2]
+    for r in prange(ne[1] * ne[2] * ne[3]):
+        i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
+        xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
+        yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
+        mb = mo + i1 * ms[1] + (i2 % mne[2]) * ms[2] + (i3 % mne[3]) * ms[3]
+        slope = slopes[i2]
+        vmax = np.float32(-np.inf)
+        for i in range(n0):
+            w = x[xb + i * xs[0]] * scale
+            if has_mask:
+                w += slope * as_f32(m[mb + i * ms[0]])
+            y[yb + i * ys[0]] = w
+            vmax = max(vmax, w)
+        acc = 0.0
+        for i in range(n0):
+            e = np.float32(math.exp(y[yb + i * ys[0]] - vmax))
+            y[yb + i * ys[0]] = e
+            acc += np.float64(e)
+        inv = np.float32(1.0 / acc)
+        for i in range(n0):
+            y[yb + i * ys[0]] *= inv
+
+
+def soft_max(node: Tensor, n_threads: int) -> None:
+    op = "SOFT_MAX"
+    need_srcs(node, 1)
+    a = node.src[0]
+    mask = node.src[1] if len(node.src) > 1 else None
+    p = node.params
+    need_type(a, "a", op, GType.F32)
+    need_type(node, "dst", op, GType.F32)
+    need_ne(node, a.ne, "dst", op)
+    x, xo, xs, ne = elems(a, "a", op)
+    y, yo, ys, _ = elems(node, "dst", op)
+    if mask is not None:
+        need_type(mask, "mask", op, GType.F16, GType.F32)
+        if mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1] or 0 in mask.ne[2:]:
+            raise GGXShapeError(f"SOFT_MAX: mask {mask.describe()} does not fit a {a.describe()}")
+        m, mo, ms, mne = elems(mask, "mask", op)
+    elif p.max_bias > 0:
+        raise GGXShapeError("SOFT_MAX: max_bias (ALiBi) needs a mask")
+    else:
+        m, mo, ms, mne = x, 0, (0, 0, 0, 0), (1, 1, 1, 1)
+    slopes = alibi_slopes(a.ne[2], p.max_bias)
+    softmax_kernel(np.float32(p.scale), slopes, mask is not None, x, xo, xs, ne, m, mo, ms, mne, y, yo, ys)

@@ -1,0 +1,200 @@
+"""GGUF loading and validation: real files load; corrupted files give a clear GGXFormatError."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_tiny_llama
+
+from ggx.errors import GGXError, GGXFormatError
+from ggx.models import GGUFFile, LlamaHParams, Tokenizer, check_header
+from ggx.types import GType
+
+
+def _load_all(path: Path) -> None:
+    """Everything load_model reads before touching a device."""
+    f = GGUFFile(path)
+    LlamaHParams.from_gguf(f)
+    Tokenizer.from_gguf(f)
+
+
+def _tensor_info_offset(raw: bytes, name: str) -> int:
+    """Byte offset of the tensor info of `name` (its name length field) in a GGUF header."""
+    key = struct.pack("<Q", len(name)) + name.encode()
+    pos = raw.find(key)
+    assert pos > 0
+    return pos
+
+
+def test_real_file_loads(smollm2_path):
+    f = GGUFFile(smollm2_path)
+    hp = LlamaHParams.from_gguf(f)
+    assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_vocab) == (30, 576, 9, 3, 49152)
+    assert hp.rope_freq_base == 100000.0 and hp.tied_output
+    emb = f.tensor("token_embd.weight")
+    assert emb.type is GType.Q8_0 and emb.ne == (576, 49152)
+    assert isinstance(emb.data, np.memmap) or isinstance(emb.data.base, np.memmap)  # no copy
+    assert f.tensor("blk.0.attn_q.weight").type is GType.Q4_1
+
+
+def test_tiny_file_roundtrip(tiny_llama):
+    f = GGUFFile(tiny_llama)
+    hp = LlamaHParams.from_gguf(f)
+    assert hp.n_layer == 2 and hp.head_dim == 16 and hp.n_embd_kv == 32
+    assert set(hp.expected_tensors()) <= set(f.tensors)
+
+
+def test_real_file_truncated_anywhere(smollm2_path):
+    """check_header on prefixes of the real file (memory-mapped slices: nothing is copied)."""
+    mm = np.memmap(smollm2_path, dtype=np.uint8, mode="r")
+    size = len(mm)
+    cuts = [0, 3, 4, 7, 8, 15, 23, 24, 100, 1000, 5000, 50_000, 500_000, 1_785_000, 1_785_700,
+            size // 3, size // 2, size - 1000, size - 1]
+    cuts += list(np.random.default_rng(0).integers(0, size, 20))
+    for n in cuts:
+        with pytest.raises(GGXFormatError, match="truncated|magic"):
+            check_header(mm[:n], "smollm2")
+    assert len(check_header(mm, "smollm2")) == 272
+
+
+def test_tiny_file_truncated_at_every_header_offset(tiny_llama, tmp_path):
+    raw = tiny_llama.read_bytes()
+    data_start = min(t.offset for t in GGUFFile(tiny_llama).tensors.values())
+    cuts = list(range(0, data_start, 7)) + [data_start, data_start + 1, len(raw) // 2, len(raw) - 1]
+    p = tmp_path / "cut.gguf"
+    for n in cuts:
+        p.write_bytes(raw[:n])
+        with pytest.raises(GGXFormatError):
+            _load_all(p)
+
+
+def test_flipped_header_bytes_never_crash(tiny_llama, tmp_path):
+    """Every flipped header byte either still loads or raises a GGXError naming the problem."""
+    raw = bytearray(tiny_llama.read_bytes())
+    data_start = min(t.offset for t in GGUFFile(tiny_llama).tensors.values())
+    rng = np.random.default_rng(1)
+    positions = sorted(set(range(0, 64)) | set(rng.integers(0, data_start, 150).tolist()))
+    p = tmp_path / "flip.gguf"
+    outcomes = {"ok": 0, "error": 0}
+    for pos in positions:
+        for mask in (0xFF, 0x80):
+            bad = bytearray(raw)
+            bad[pos] ^= mask
+            p.write_bytes(bytes(bad))
+            try:
+                _load_all(p)
+                outcomes["ok"] += 1
+            except GGXError as e:
+                assert str(e), "the error must say what is wrong"
+                outcomes["error"] += 1
+    assert outcomes["error"] > 50  # most header bytes matter
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("tensor_count", 2**63, "absurd tensor count"),
+    ("kv_count", 2**40, "absurd key/value count"),
+    ("version", 7, "unsupported GGUF version"),
+    ("magic", b"GGML", "bad magic"),
+])
+def test_absurd_header_counts(tiny_llama, tmp_path, field, value, match):
+    raw = bytearray(tiny_llama.read_bytes())
+    if field == "magic":
+        raw[0:4] = value
+    elif field == "version":
+        raw[4:8] = struct.pack("<I", value)
+    elif field == "tensor_count":
+        raw[8:16] = struct.pack("<Q", value)
+    else:
+        raw[16:24] = struct.pack("<Q", value)
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(bytes(raw))
+    with pytest.raises(GGXFormatError, match=match):
+        GGUFFile(p)
+
+
+def test_absurd_array_and_string_lengths(tiny_llama, tmp_path):
+    raw = tiny_llama.read_bytes()
+    key = b"tokenizer.ggml.tokens"
+    pos = raw.find(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    assert struct.unpack_from("<I", raw, pos)[0] == 9  # an array
+    count_at = pos + 4 + 4  # value type, element type, then the u64 count
+    bad = bytearray(raw)
+    bad[count_at:count_at + 8] = struct.pack("<Q", 2**60)
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(bytes(bad))
+    with pytest.raises(GGXFormatError, match="truncated"):
+        GGUFFile(p)
+    bad = bytearray(raw)
+    first_len_at = count_at + 8
+    bad[first_len_at:first_len_at + 8] = struct.pack("<Q", 2**62)  # first token's string length
+    p.write_bytes(bytes(bad))
+    with pytest.raises(GGXFormatError, match="truncated"):
+        GGUFFile(p)
+
+
+def test_unknown_type_and_bad_dims(tiny_llama, tmp_path):
+    raw = tiny_llama.read_bytes()
+    name = "blk.0.attn_q.weight"
+    at = _tensor_info_offset(raw, name) + 8 + len(name)
+    n_dims = struct.unpack_from("<I", raw, at)[0]
+    type_at = at + 4 + 8 * n_dims
+    p = tmp_path / "bad.gguf"
+    bad = bytearray(raw)
+    bad[type_at:type_at + 4] = struct.pack("<I", 99)
+    p.write_bytes(bytes(bad))
+    with pytest.raises(GGXFormatError, match="unknown or unsupported ggml type id 99"):
+        GGUFFile(p)
+    bad = bytearray(raw)
+    bad[at:at + 4] = struct.pack("<I", 9)
+    p.write_bytes(bytes(bad))
+    with pytest.raises(GGXFormatError, match="9 dimensions"):
+        GGUFFile(p)
+    bad = bytearray(raw)
+    bad[at + 4:at + 12] = struct.pack("<Q", 2**50)  # ne0 absurd
+    p.write_bytes(bytes(bad))
+    with pytest.raises(GGXFormatError, match="absurd dimensions|truncated"):
+        GGUFFile(p)
+
+
+def test_missing_tensor_and_shape_mismatch(tmp_path):
+    p = write_tiny_llama(tmp_path / "untied.gguf", tied=False)
+    raw = p.read_bytes()
+    name = "output.weight"  # rename it: the file then lacks output.weight but is otherwise valid
+    bad = bytearray(raw)
+    at = _tensor_info_offset(raw, name) + 8
+    bad[at:at + len(name)] = b"outpux.weight"
+    p2 = tmp_path / "missing.gguf"
+    p2.write_bytes(bytes(bad))
+    f = GGUFFile(p2)
+    hp = LlamaHParams.from_gguf(f)  # no output.weight: the model is read as tied
+    assert hp.tied_output
+    bad = bytearray(raw)
+    name = "blk.1.ffn_up.weight"
+    at = _tensor_info_offset(raw, name) + 8
+    bad[at:at + len(name)] = b"blk.1.ffn_uq.weight"
+    p2.write_bytes(bytes(bad))
+    with pytest.raises(GGXFormatError, match="missing tensor 'blk.1.ffn_up.weight'"):
+        _load_all(p2)
+
+
+def test_metadata_disagreeing_with_shapes(tmp_path):
+    p = write_tiny_llama(tmp_path / "t.gguf")
+    raw = p.read_bytes()
+    key = b"llama.feed_forward_length"
+    at = raw.find(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4
+    bad = bytearray(raw)
+    bad[at:at + 4] = struct.pack("<I", 128)  # the tensors say 96
+    p.write_bytes(bytes(bad))
+    with pytest.raises(GGXFormatError, match="ffn_gate.weight' has ne \\[64, 96\\], the metadata implies \\[64, 128\\]"):
+        _load_all(p)
+
+
+def test_not_a_file(tmp_path):
+    with pytest.raises(GGXFormatError, match="no such file"):
+        GGUFFile(tmp_path / "nope.gguf")
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(GGXFormatError):
+        GGUFFile(empty)
