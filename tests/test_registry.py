@@ -217,7 +217,9 @@ def test_each_failure_is_recorded_and_isolated(bad, monkeypatch):
 
 def test_all_failures_at_once_leave_the_good_plugin_working():
     assert sorted(f.name for f in registry.failures()) == sorted(FAILURES)
-    assert {p.name: p.status for p in registry.plugins()} == {
+    # plugins installed in the environment (ggx-cpu, ...) are listed as disabled by GGX_PLUGINS
+    statuses = {p.name: p.status for p in registry.plugins() if p.status != "disabled"}
+    assert statuses == {
         "good": "loaded", "amx": "loaded", "broken": "failed", "raises": "failed", "wrongtype": "failed",
         "oldapi": "failed", "ref": "loaded"}
 

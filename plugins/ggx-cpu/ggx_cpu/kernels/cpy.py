@@ -18,7 +18,7 @@ from ggx.tensor import Tensor
 from ggx.types import GType
 
 from .common import host_bytes, need_rows, need_srcs
-from .convert import F16, F32, STORE_TYPES, f32_to_bf16, f32_to_f16, load_elem, store_row, wr_u16
+from .convert import BF16, F16, F32, STORE_TYPES, f32_to_bf16, f32_to_f16, load_elem, store_row, wr_u16
 
 FLOAT_SRC = (GType.F32, GType.F16, GType.BF16)
 
@@ -33,8 +33,8 @@ def _unravel(flat, ne):
 
 
 @njit(cache=True, inline="always")
-def _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0, b):
-    """Byte offset of source element (flat index r*ne0 + i0); b = bytes per source unit along ne0."""
+def _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0):
+    """Byte offset of source element number r*ne0 + i0 (same_rows: the source's ne0 is ne0 too)."""
     if same_rows:
         _, s1, s2, s3 = _unravel(r * s_ne[0], s_ne)
         return so + i0 * s_nb[0] + s1 * s_nb[1] + s2 * s_nb[2] + s3 * s_nb[3]
@@ -42,28 +42,31 @@ def _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0, b):
     return so + s0 * s_nb[0] + s1 * s_nb[1] + s2 * s_nb[2] + s3 * s_nb[3]
 
 
+CONVERT, COPY_ELEMS, COPY_ROWS = 0, 1, 2
+
+
 @njit(cache=True, parallel=True)
-def cpy_kernel(scode, es, raw, s, so, s_nb, s_ne, dcode, d, do, d_nb, d_ne):
-    """Copy/convert into each destination row. raw: same type, copy `es` bytes per unit
-    (an element, or a whole row of blocks when es is the row's byte size)."""
+def cpy_kernel(mode, es, s, so, s_nb, s_ne, scode, d, do, d_nb, d_ne, dcode):
+    """Fill each destination row. COPY_ELEMS: move `es` bytes per element; COPY_ROWS: move the
+    `es` bytes of a whole row (quantized, equal row lengths); CONVERT: load floats, store dcode."""
     n1, n2 = d_ne[1], d_ne[2]
     ne0 = d_ne[0]
     same_rows = s_ne[0] == ne0
     for r in prange(d_ne[1] * d_ne[2] * d_ne[3]):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         db = do + i1 * d_nb[1] + i2 * d_nb[2] + i3 * d_nb[3]
-        if raw:
-            units = 1 if es > 8 else ne0  # quantized: one unit = the whole row
+        if mode != CONVERT:
+            units = 1 if mode == COPY_ROWS else ne0
             for i0 in range(units):
-                sb = _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0, es)
+                sb = _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0)
                 dbi = db + i0 * d_nb[0]
                 for c in range(es):
                     d[dbi + c] = s[sb + c]
         else:
             tmp = np.empty(ne0, np.float32)
             for i0 in range(ne0):
-                tmp[i0] = load_elem(s, _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0, 0), scode)
-            if dcode == F32 or dcode == F16 or dcode == 30:  # element types: honour the dst stride
+                tmp[i0] = load_elem(s, _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0), scode)
+            if dcode == F32 or dcode == F16 or dcode == BF16:  # element types: honour the dst stride
                 for i0 in range(ne0):
                     o = db + i0 * d_nb[0]
                     if dcode == F32:
@@ -98,11 +101,11 @@ def cpy(node: Tensor, n_threads: int) -> None:
                     raise GGXUnsupported(f"{op}: reshaping copy of quantized {src.describe()} needs contiguous tensors")
                 dbuf[do: do + dst.nbytes] = sbuf[so: so + src.nbytes]
                 return
-            es = src.row_bytes
+            mode, es = COPY_ROWS, src.row_bytes
         else:
-            es = src.type.type_size
-        cpy_kernel(src.type.ggml_id, es, True, sbuf, so, tuple(src.nb), tuple(src.ne),
-                   dst.type.ggml_id, dbuf, do, tuple(dst.nb), tuple(dst.ne))
+            mode, es = COPY_ELEMS, src.type.type_size
+        cpy_kernel(mode, es, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
+                   dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id)
         return
     if src.type not in FLOAT_SRC:
         raise GGXUnsupported(f"{op}: cannot convert {src.describe()} to {dst.type.name}")
@@ -110,5 +113,5 @@ def cpy(node: Tensor, n_threads: int) -> None:
         raise GGXUnsupported(f"{op}: cannot convert to {dst.describe()}")
     if dst.type.is_quantized:
         need_rows(dst, "dst", op)
-    cpy_kernel(src.type.ggml_id, 0, False, sbuf, so, tuple(src.nb), tuple(src.ne),
-               dst.type.ggml_id, dbuf, do, tuple(dst.nb), tuple(dst.ne))
+    cpy_kernel(CONVERT, 0, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
+               dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id)

@@ -1,0 +1,194 @@
+"""`ggx test-ops`: the conformance suite from the command line (ggml's test-backend-ops).
+
+    ggx test-ops [-b BACKEND]... [-o OP]... [-t TYPE]... [--mode eval|perf|support]
+
+eval (default): runs op cases, ggml's golden outputs and contract checks; prints one line per
+failure, the skipped ("not supported") cases per op, and closes with
+`N passed, N failed, N skipped`; the exit status is 1 when anything failed.
+perf: times the perf cases, GFLOPS or GB/s per case; with two -b, both side by side and their ratio.
+support: the op x type matrix of what each backend's supports_op accepts.
+Without -b, every device except the reference runs (the reference alone when it is the only one).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("test-ops", help="run the conformance suite against backends",
+                              description="Run the conformance suite (op cases, ggml golden outputs, contract "
+                                          "checks) against one or more backends.")
+    p.add_argument("-b", "--backend", action="append", default=[], metavar="BACKEND",
+                   help="device to test (repeatable; default: every device but the reference)")
+    p.add_argument("-o", "--op", action="append", default=[], metavar="OP",
+                   help="only this op, e.g. MUL_MAT, GELU_ERF, CONTRACT (repeatable, or comma-separated)")
+    p.add_argument("-t", "--type", action="append", default=[], metavar="TYPE",
+                   help="only cases involving this type, e.g. q4_0 (repeatable, or comma-separated)")
+    p.add_argument("--mode", choices=("eval", "perf", "support"), default="eval")
+    p.add_argument("--min-time", type=float, default=0.25, metavar="S", help="perf: seconds to time each case")
+    p.add_argument("-v", "--verbose", action="store_true", help="eval: also print passing and skipped cases")
+    p.set_defaults(func=run)
+
+
+def _split(values: list[str]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _devices(names: list[str]):
+    from .. import registry
+
+    if names:
+        return [registry.get_device(n) for n in names]
+    devs = [d for d in registry.devices() if d.name != "ref"]
+    return devs or [registry.get_device("ref")]
+
+
+def _progress(console, total: int, label: str):
+    """A rich progress bar on a terminal for runs of more than a few cases, else nothing."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not console.is_terminal or total < 20:
+        return None
+    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                    transient=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..conformance import Suite
+    from ..types import GType
+
+    ops, types = _split(args.op), _split(args.type)
+    try:
+        types = [GType.parse(t) for t in types]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    suites = [Suite(d) for d in _devices(args.backend)]
+    out, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    if args.mode == "perf":
+        return _perf(suites, ops, types, args.min_time, out, err)
+    if args.mode == "support":
+        return _support(suites, ops, types, out)
+    return _eval(suites, ops, types, args.verbose, out, err)
+
+
+def _eval(suites, ops, types, verbose: bool, out, err) -> int:
+    from rich.markup import escape
+
+    from ..conformance.runner import FAIL, PASS, Report
+
+    totals: list[Report] = []
+    for suite in suites:
+        items = suite.items(ops or None, types or None)
+        if not items:
+            err.print(f"no cases match -o {','.join(ops) or '*'} -t {','.join(t.name for t in types) or '*'}")
+            return 2
+        bar = _progress(err, len(items), f"{suite.device.name}")
+
+        def show(r, task=None):
+            if r.status == FAIL:
+                out.print(f"[red]FAIL[/] {escape(r.id)}: {escape(r.message)}")
+            elif verbose:
+                tag = "[green]ok[/]  " if r.status == PASS else "[yellow]skip[/]"
+                out.print(f"{tag} {escape(r.id)}" + (f": {escape(r.message)}" if r.message else ""))
+            if bar is not None:
+                bar.advance(task)
+
+        if bar is not None:
+            with bar:
+                task = bar.add_task("run", total=len(items))
+                report = suite.run(items, lambda r: show(r, task))
+        else:
+            report = suite.run(items, show)
+        skipped = report.skipped_by_op()
+        if skipped:
+            listed = ", ".join(f"{op} {n}" for op, n in sorted(skipped.items()))
+            out.print(f"{escape(suite.device.name)}: skipped (not supported): {escape(listed)}")
+        if len(suites) > 1:
+            out.print(f"{escape(suite.device.name)}: {report.summary()}")
+        totals.append(report)
+    passed, failed, skipped_n = (sum(r.count(s) for r in totals) for s in (PASS, FAIL, "skip"))
+    out.print(f"{passed} passed, {failed} failed, {skipped_n} skipped")
+    return 1 if failed else 0
+
+
+def _perf(suites, ops, types, min_time: float, out, err) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..conformance import perf_cases, select
+    from ..conformance.runner import FAIL, PASS
+
+    cases = select(perf_cases(), ops or None, types or None)
+    if not cases:
+        err.print("no perf cases match")
+        return 2
+    if len(suites) > 2:
+        err.print("perf compares at most two backends")
+        return 2
+    table = Table(title="perf", title_justify="left")
+    table.add_column("case")
+    for s in suites:
+        table.add_column(s.device.name, justify="right")
+    if len(suites) == 2:
+        table.add_column(f"{suites[1].device.name} / {suites[0].device.name}", justify="right")
+    failed = 0
+    bar = _progress(err, len(cases) * len(suites), "perf")
+    if bar is not None:
+        bar.start()
+        task = bar.add_task("perf", total=len(cases) * len(suites))
+    for c in cases:
+        cells, rates = [], []
+        for s in suites:
+            r = s.perf(c, min_time=min_time)
+            if bar is not None:
+                bar.advance(task)
+            if r.status == PASS:
+                value, unit = r.rate
+                cells.append(f"{value:.2f} {unit}")
+                rates.append(value)
+            else:
+                failed += r.status == FAIL
+                cells.append("not supported" if r.status != FAIL else f"[red]error[/]: {escape(r.message)}")
+                rates.append(None)
+        if len(suites) == 2:
+            ok = rates[0] and rates[1] is not None
+            cells.append(f"{rates[1] / rates[0]:.2f}x" if ok else "-")
+        table.add_row(escape(c.name), *cells)
+    if bar is not None:
+        bar.stop()
+    out.print(table)
+    return 1 if failed else 0
+
+
+def _support(suites, ops, types, out) -> int:
+    from rich.table import Table
+
+    from ..conformance import golden_cases, op_cases, select
+
+    cases = select(op_cases() + golden_cases(), ops or None, types or None)
+    for s in suites:
+        matrix = s.support(cases)
+        cols = sorted({t for row in matrix.values() for t in row}, key=_type_order)
+        table = Table(title=f"{s.device.name}: supports_op over the suite's cases", title_justify="left")
+        table.add_column("op")
+        for t in cols:
+            table.add_column(t.lower().replace("_k", "_K"), justify="center")
+        for op in sorted(matrix):
+            row = []
+            for t in cols:
+                yes, n = matrix[op].get(t, (0, 0))
+                row.append("" if n == 0 else "[green]yes[/]" if yes == n else "[red]no[/]" if yes == 0
+                           else f"[yellow]{yes}/{n}[/]")
+            table.add_row(op, *row)
+        out.print(table)
+    return 0
+
+
+def _type_order(name: str) -> int:
+    from ..types import GType
+
+    return list(GType.__members__).index(name) if name in GType.__members__ else 99

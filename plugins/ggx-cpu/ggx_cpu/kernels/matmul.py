@@ -1,0 +1,349 @@
+"""MUL_MAT and MUL_MAT_ID on the CPU (ggml_compute_forward_mul_mat / _mul_mat_id).
+
+Quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): the F32 activations are quantized once per
+call to the weight type's vec_dot_type (`quantize_act`), then every dot product runs on
+integers in the ISA variant `ggx_cpu.isa` selected (AVX-512 VNNI, AVX2 or portable). Float
+weights (F32, F16, BF16): activations are rounded once to the weight's type (ggml's F16/BF16
+vec_dot_type) and dotted in float32 with per-lane accumulators.
+
+Both ops run through one parallel region (numba prange) over tasks = (group, 4-row tile):
+a *group* is one weight matrix and the list of activation columns it multiplies. MUL_MAT has
+one group per (i2, i3) batch (weights broadcast over b's dims 2/3); MUL_MAT_ID has one group
+per expert that some token uses, so repeated experts share a pass over their weights and
+unused experts cost nothing. Inside a task, columns go 4 at a time through a 4x4 register tile
+(the gemm path); leftover columns, and a single column (the gemv path), use row dots.
+
+Layouts passed to the kernels (everything is validated before any kernel runs):
+  w     the weight tensor's whole host buffer: uint8 bytes (quantized) or a typed flat view
+        (float32 for F32, uint16 bits for F16, int16 bits for BF16); group g's matrix starts
+        at wg[g] (bytes, or elements for float types), row r at wg[g] + r * wrs.
+  act   the quantized (or rounded) activations, one row of K values per column (see Q8Act).
+  cstart, ycol, ocol  group g owns columns cstart[g]..cstart[g+1]: ycol = activation row,
+        ocol = output row; out is the destination flattened to rows of M floats.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from ggx.errors import GGXShapeError, GGXUnsupported
+from ggx.host import HostBuffer, tensor_array
+from ggx.ops import Op
+from ggx.tensor import Tensor
+from ggx.types import GType
+
+from .. import isa as _isa
+from ..isa.simd import IsaType, bits_to_f32, f16_bits_to_f32
+from .quantize_act import quantize_act
+
+QUANT_KINDS = {GType.Q4_0: 0, GType.Q4_1: 1, GType.Q8_0: 2, GType.Q4_K: 3, GType.Q6_K: 4}
+FLOAT_TYPES = (GType.F32, GType.F16, GType.BF16)
+SUPPORTED = tuple(QUANT_KINDS) + FLOAT_TYPES
+TILE = 4
+
+
+# --- ISA dispatch: the `isa` token's type picks the vector or the portable implementation ------
+def _impl(isa, name):
+    from ..isa import portable, vector
+
+    if isinstance(isa, IsaType) and isa.isa_name != "portable" and hasattr(vector, name):
+        return getattr(vector, name)
+    return getattr(portable, name)
+
+
+def _dot_stub(name):
+    def stub(isa, w, wo, nb, yq, yd, ys, ys4, yo):
+        raise NotImplementedError
+
+    @overload(stub, inline="always")
+    def _ol(isa, w, wo, nb, yq, yd, ys, ys4, yo):
+        f = _impl(isa, name)
+        return lambda isa, w, wo, nb, yq, yd, ys, ys4, yo: f(isa, w, wo, nb, yq, yd, ys, ys4, yo)
+
+    return stub
+
+
+def _tile_stub(name):
+    def stub(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
+        raise NotImplementedError
+
+    @overload(stub, inline="always")
+    def _ol(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
+        f = _impl(isa, name)
+        return lambda isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3: f(
+            isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
+
+    return stub
+
+
+_dot_q4_0, _dot_q4_1, _dot_q8_0 = _dot_stub("dot_q4_0"), _dot_stub("dot_q4_1"), _dot_stub("dot_q8_0")
+_dot_q4_K, _dot_q6_K = _dot_stub("dot_q4_K"), _dot_stub("dot_q6_K")
+_tile_q4_0, _tile_q4_1, _tile_q8_0 = _tile_stub("tile_q4_0"), _tile_stub("tile_q4_1"), _tile_stub("tile_q8_0")
+_tile_q4_K, _tile_q6_K = _tile_stub("tile_q4_K"), _tile_stub("tile_q6_K")
+
+
+@njit(cache=True, inline="always")
+def _qdot(isa, kind, w, wo, nb, yq, yd, ys, ys4, yo):
+    if kind == 0:
+        return np.float32(_dot_q4_0(isa, w, wo, nb, yq, yd, ys, ys4, yo))
+    if kind == 1:
+        return np.float32(_dot_q4_1(isa, w, wo, nb, yq, yd, ys, ys4, yo))
+    if kind == 2:
+        return np.float32(_dot_q8_0(isa, w, wo, nb, yq, yd, ys, ys4, yo))
+    if kind == 3:
+        return np.float32(_dot_q4_K(isa, w, wo, nb, yq, yd, ys, ys4, yo))
+    return np.float32(_dot_q6_K(isa, w, wo, nb, yq, yd, ys, ys4, yo))
+
+
+@njit(cache=True, inline="always")
+def _qtile(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
+    if kind == 0:
+        _tile_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
+    elif kind == 1:
+        _tile_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
+    elif kind == 2:
+        _tile_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
+    elif kind == 3:
+        _tile_q4_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
+    else:
+        _tile_q6_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
+
+
+@njit(cache=True, parallel=True)
+def _quant_mm(isa, kind, w, wg, wrs, M, nb, yq, yd, ys, ys4, K, cstart, ycol, ocol, out):
+    """The quantized MUL_MAT / MUL_MAT_ID kernel: one parallel region over (group, 4 rows)."""
+    n_groups = wg.shape[0]
+    n_tiles = (M + TILE - 1) // TILE
+    for t in prange(n_groups * n_tiles):
+        g = t // n_tiles
+        r0 = (t % n_tiles) * TILE
+        nr = min(TILE, M - r0)
+        wo = wg[g] + r0 * wrs
+        c = cstart[g]
+        ce = cstart[g + 1]
+        if nr == TILE:
+            while c + TILE <= ce:  # gemm: 4x4 register tiles
+                _qtile(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4,
+                       ycol[c] * K, ycol[c + 1] * K, ycol[c + 2] * K, ycol[c + 3] * K, out,
+                       ocol[c] * M + r0, ocol[c + 1] * M + r0, ocol[c + 2] * M + r0, ocol[c + 3] * M + r0)
+                c += TILE
+        for cc in range(c, ce):  # gemv and leftover columns: row dots
+            yo = ycol[cc] * K
+            oo = ocol[cc] * M + r0
+            for r in range(nr):
+                out[oo + r] = _qdot(isa, kind, w, wo + r * wrs, nb, yq, yd, ys, ys4, yo)
+
+
+# --- float weights -----------------------------------------------------------------------------
+def _wval(w, i):
+    """Weight element i as float32, by the array's dtype: f32, u16 = F16 bits, i16 = BF16 bits."""
+
+
+@overload(_wval, inline="always")
+def _ol_wval(w, i):
+    if w.dtype == types.float32:
+        return lambda w, i: w[i]
+    if w.dtype == types.uint16:
+        return lambda w, i: f16_bits_to_f32(w[i])
+    if w.dtype == types.int16:
+        return lambda w, i: bits_to_f32(np.uint32(np.uint16(w[i])) << np.uint32(16))
+
+
+@njit(cache=True, inline="always")
+def _fdot(w, wo, y, yo, K, acc):
+    """Dot of K weights from w[wo] with K float32 from y[yo]; acc: 16 per-lane accumulators."""
+    acc[:] = 0.0
+    k_main = K - K % 16
+    for k0 in range(0, k_main, 16):
+        for j in range(16):
+            acc[j] += _wval(w, wo + k0 + j) * y[yo + k0 + j]
+    total = np.float32(0.0)
+    for k in range(k_main, K):
+        total += _wval(w, wo + k) * y[yo + k]
+    return acc.sum() + total
+
+
+@njit(cache=True, parallel=True)
+def _float_mm(w, wg, wrs, M, y, K, cstart, ycol, ocol, out):
+    """The float MUL_MAT / MUL_MAT_ID kernel: tasks as in _quant_mm; a task with several
+    columns first converts its 4 weight rows to float32 so each is decoded once."""
+    n_groups = wg.shape[0]
+    n_tiles = (M + TILE - 1) // TILE
+    for t in prange(n_groups * n_tiles):
+        g = t // n_tiles
+        r0 = (t % n_tiles) * TILE
+        nr = min(TILE, M - r0)
+        wo = wg[g] + r0 * wrs
+        c0 = cstart[g]
+        ce = cstart[g + 1]
+        if ce == c0:
+            continue
+        acc = np.zeros(16, np.float32)
+        if ce - c0 == 1:
+            for r in range(nr):
+                out[ocol[c0] * M + r0 + r] = _fdot(w, wo + r * wrs, y, ycol[c0] * K, K, acc)
+        else:
+            rows = np.empty(nr * K, np.float32)
+            for r in range(nr):
+                for k in range(K):
+                    rows[r * K + k] = _wval(w, wo + r * wrs + k)
+            for cc in range(c0, ce):
+                for r in range(nr):
+                    out[ocol[cc] * M + r0 + r] = _fdot(rows, r * K, y, ycol[cc] * K, K, acc)
+
+
+# --- validation and preparation ----------------------------------------------------------------
+def _fail(op: str, msg: str) -> GGXShapeError:
+    return GGXShapeError(f"{op}: {msg}")
+
+
+def _host_bytes(t: Tensor, op: str, role: str) -> np.ndarray:
+    tensor_array(t)  # checks storage exists, is host memory and holds the whole tensor
+    buf = t.data_buffer
+    if not isinstance(buf, HostBuffer):
+        raise GGXUnsupported(f"{op}: {role} {t.describe()} is not in host memory")
+    return buf.data
+
+
+def _weights(a: Tensor, op: str) -> tuple[np.ndarray, int, int, int, int]:
+    """(w, unit, off0, nb1, nb2) in units of w's elements; see the module docstring."""
+    data = _host_bytes(a, op, "weights")
+    if a.type.is_quantized:
+        return data, 1, a.data_offset, a.nb[1], a.nb[2]
+    dtype = {GType.F32: np.float32, GType.F16: np.uint16, GType.BF16: np.int16}[a.type]
+    size = np.dtype(dtype).itemsize
+    if a.data_offset % size or a.nb[1] % size or a.nb[2] % size or a.nb[3] % size:
+        raise GGXUnsupported(f"{op}: weights {a.describe()} are not aligned to {size} bytes")
+    flat = np.ndarray((len(data) // size,), dtype, data, 0)
+    return flat, size, a.data_offset // size, a.nb[1] // size, a.nb[2] // size
+
+
+def _b_rows(b: Tensor) -> np.ndarray:
+    """b's rows as a contiguous float32 [rows, K] array (copies only a strided view)."""
+    arr = tensor_array(b)
+    return np.ascontiguousarray(arr).reshape(-1, b.ne[0])
+
+
+def _prepare_act(x: np.ndarray, a_type: GType, n_threads: int):
+    """Quantize (or round) the activation rows once for weight type a_type."""
+    if a_type is GType.F32:
+        return x
+    if a_type is GType.F16:
+        return x.astype(np.float16).astype(np.float32)
+    if a_type is GType.BF16:  # ggml's fp32 -> bf16: round to nearest even (NaN kept quiet)
+        u = x.view(np.uint32)
+        r = ((u + (np.uint32(0x7FFF) + ((u >> 16) & 1))) >> 16) << 16
+        r = np.where(np.isnan(x), (u | np.uint32(0x400000)) & np.uint32(0xFFFF0000), r)
+        return r.astype(np.uint32).view(np.float32)
+    return quantize_act(x, a_type.vec_dot_type, n_threads)
+
+
+def _check_weight(op: str, a: Tensor, b: Tensor) -> None:
+    if a.type not in SUPPORTED:
+        raise GGXUnsupported(f"{op}: weight type {a.type.name} is not supported by the CPU kernels "
+                             f"(supported: {', '.join(t.name for t in SUPPORTED)})")
+    if b.type is not GType.F32:
+        raise _fail(op, f"b {b.describe()} must be F32")
+    if a.ne[0] != b.ne[0]:
+        raise _fail(op, f"a {a.describe()} and b {b.describe()} differ in K (ne0)")
+    if a.ne[0] % a.type.block_size:
+        raise _fail(op, f"K={a.ne[0]} is not a multiple of the {a.type.name} block size")
+    if not a.has_contiguous_rows() or not b.has_contiguous_rows():
+        raise _fail(op, f"rows of a {a.describe()} and b {b.describe()} must be contiguous")
+
+
+def _out_rows(dst: Tensor, op: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(flat float32 array the kernel writes, the destination view to copy it to, or None)."""
+    if dst.type is not GType.F32:
+        raise _fail(op, f"destination {dst.describe()} must be F32")
+    view = tensor_array(dst)
+    if view.flags.c_contiguous:
+        return view.reshape(-1), None
+    return np.empty(view.size, np.float32), view
+
+
+def _set_threads(n_threads: int) -> int:
+    n = max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+    return n
+
+
+def _run(a: Tensor, w, wg: np.ndarray, wrs: int, x: np.ndarray, cstart, ycol, ocol, out, n_threads: int) -> None:
+    """Quantize the activations once, then run the one parallel kernel for a's type."""
+    n = _set_threads(n_threads)
+    K, M = a.ne[0], a.ne[1]
+    wg = wg.astype(np.int64)
+    cstart, ycol, ocol = (np.ascontiguousarray(v, dtype=np.int64) for v in (cstart, ycol, ocol))
+    act = _prepare_act(x, a.type, n)
+    if a.type in QUANT_KINDS:
+        nb = K // a.type.block_size
+        _quant_mm(_isa.token(), QUANT_KINDS[a.type], w, wg, wrs, M, nb,
+                  act.qs, act.d, act.s, act.s4, K, cstart, ycol, ocol, out)
+    else:
+        _float_mm(w, wg, wrs, M, np.ascontiguousarray(act, dtype=np.float32).reshape(-1), K, cstart, ycol, ocol, out)
+
+
+# --- the ops -----------------------------------------------------------------------------------
+def mul_mat(node: Tensor, n_threads: int = 1) -> None:
+    """dst[m, n, i2, i3] = sum_k a[k, m, i2 / (B2/A2), i3 / (B3/A3)] * b[k, n, i2, i3]."""
+    op = "mul_mat"
+    if node.op is not Op.MUL_MAT or len(node.src) < 2:
+        raise GGXUnsupported(f"{op}: {node.describe()} is not a MUL_MAT node")
+    a, b = node.src[0], node.src[1]
+    _check_weight(op, a, b)
+    if b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+        raise _fail(op, f"a {a.describe()} does not broadcast over b {b.describe()} in dims 2/3")
+    if tuple(node.ne) != (a.ne[1], b.ne[1], b.ne[2], b.ne[3]):
+        raise _fail(op, f"destination {node.describe()} should be [{a.ne[1]}, {b.ne[1]}, {b.ne[2]}, {b.ne[3]}]")
+    if node.nelements == 0:
+        return
+    w, unit, off0, nb1, nb2 = _weights(a, op)
+    nb3 = a.nb[3] // unit
+    N, B2, B3 = b.ne[1], b.ne[2], b.ne[3]
+    r2, r3 = B2 // a.ne[2], B3 // a.ne[3]
+    i2 = np.tile(np.arange(B2), B3)
+    i3 = np.repeat(np.arange(B3), B2)
+    wg = off0 + (i2 // r2) * nb2 + (i3 // r3) * nb3
+    cstart = np.arange(B2 * B3 + 1) * N
+    cols = np.arange(B2 * B3 * N)
+    out, view = _out_rows(node, op)
+    _run(a, w, wg, nb1, _b_rows(b), cstart, cols, cols, out, n_threads)
+    if view is not None:
+        view[...] = out.reshape(view.shape)
+
+
+def mul_mat_id(node: Tensor, n_threads: int = 1) -> None:
+    """dst[:, e, t] = as[:, :, ids[e, t]]^T @ b[:, e % b.ne1, t] (the MoE matmul)."""
+    op = "mul_mat_id"
+    if node.op is not Op.MUL_MAT_ID or len(node.src) < 3:
+        raise GGXUnsupported(f"{op}: {node.describe()} is not a MUL_MAT_ID node")
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    _check_weight(op, a, b)
+    n_used, T = ids.ne[0], ids.ne[1]
+    if ids.type is not GType.I32 or ids.ne[2] != 1 or ids.ne[3] != 1:
+        raise _fail(op, f"ids {ids.describe()} must be I32 [n_used, n_tokens]")
+    if a.ne[3] != 1 or b.ne[3] != 1 or b.ne[2] != T or b.ne[1] not in (1, n_used):
+        raise _fail(op, f"as {a.describe()}, b {b.describe()}, ids {ids.describe()} do not fit together")
+    if tuple(node.ne) != (a.ne[1], n_used, T, 1):
+        raise _fail(op, f"destination {node.describe()} should be [{a.ne[1]}, {n_used}, {T}, 1]")
+    if node.nelements == 0:
+        return
+    experts = np.ascontiguousarray(tensor_array(ids)).reshape(T, n_used)
+    bad = (experts < 0) | (experts >= a.ne[2])
+    if bad.any():
+        t, e = np.argwhere(bad)[0]
+        raise _fail(op, f"ids[{e}, {t}] = {experts[t, e]} is not an expert of as {a.describe()} (0..{a.ne[2] - 1})")
+    w, unit, off0, nb1, nb2 = _weights(a, op)
+    bne1 = b.ne[1]
+    flat = experts.reshape(-1)  # slot s = t * n_used + e is output row s
+    slots = np.argsort(flat, kind="stable")
+    used, counts = np.unique(flat[slots], return_counts=True)
+    ycol = (slots // n_used) * bne1 + (slots % n_used) % bne1
+    cstart = np.concatenate(([0], np.cumsum(counts)))
+    wg = off0 + used * nb2
+    out, view = _out_rows(node, op)
+    _run(a, w, wg, nb1, _b_rows(b), cstart, ycol, slots, out, n_threads)
+    if view is not None:
+        view[...] = out.reshape(view.shape)

@@ -1,0 +1,130 @@
+"""The llama graph on tiny synthetic GGUF files, run on the reference backend ("ref")."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from conftest import write_tiny_llama
+
+from ggx.errors import GGXShapeError
+from ggx.models import GGUFFile, LlamaHParams, load_model
+
+PROMPT = [5, 70, 71, 72, 3, 200, 33, 101, 9, 44, 45]
+
+
+def numpy_llama(path, ids: list[int]) -> np.ndarray:
+    """An independent float64 llama (dequantized weights, causal attention, NORMAL rope): logits (T, n_vocab)."""
+    f = GGUFFile(path)
+    hp = LlamaHParams.from_gguf(f)
+
+    def W(name):
+        t = f.tensor(name)
+        qt = gguf.GGMLQuantizationType(t.type.ggml_id)
+        return gguf.quants.dequantize(np.asarray(t.data), qt).astype(np.float64).reshape(tuple(reversed(t.ne)))
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + hp.rms_eps) * w
+
+    def rope(x, pos):  # x (T, H, D): rotate adjacent pairs
+        d = hp.n_rot
+        theta = pos[:, None] * hp.rope_freq_base ** (-np.arange(0, d, 2) / d)
+        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        x0, x1 = x[..., 0:d:2].copy(), x[..., 1:d:2].copy()
+        out = x.copy()
+        out[..., 0:d:2], out[..., 1:d:2] = x0 * c - x1 * s, x0 * s + x1 * c
+        return out
+
+    T, D, H, Hkv = len(ids), hp.head_dim, hp.n_head, hp.n_head_kv
+    emb = W("token_embd.weight")
+    x = emb[ids]
+    pos = np.arange(T, dtype=np.float64)
+    causal = np.triu(np.full((T, T), -np.inf), 1)
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        h = rms(x, W(b + "attn_norm.weight"))
+        q = rope((h @ W(b + "attn_q.weight").T).reshape(T, H, D), pos)
+        k = rope((h @ W(b + "attn_k.weight").T).reshape(T, Hkv, D), pos)
+        v = (h @ W(b + "attn_v.weight").T).reshape(T, Hkv, D)
+        out = np.zeros((T, H, D))
+        for hh in range(H):
+            kv = hh // (H // Hkv)
+            s = q[:, hh] @ k[:, kv].T / np.sqrt(D) + causal
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[:, hh] = (p / p.sum(-1, keepdims=True)) @ v[:, kv]
+        x = x + out.reshape(T, H * D) @ W(b + "attn_output.weight").T
+        h = rms(x, W(b + "ffn_norm.weight"))
+        g, u = h @ W(b + "ffn_gate.weight").T, h @ W(b + "ffn_up.weight").T
+        x = x + (g / (1 + np.exp(-g)) * u) @ W(b + "ffn_down.weight").T
+    x = rms(x, W("output_norm.weight"))
+    return x @ (emb if hp.tied_output else W("output.weight")).T
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_llama):
+    return load_model(tiny_llama, devices=["ref"])
+
+
+def test_forward_matches_numpy_llama(tiny_model, tiny_llama):
+    got = tiny_model.forward(PROMPT)
+    assert got.shape == (len(PROMPT), tiny_model.n_vocab) and got.dtype == np.float32
+    want = numpy_llama(tiny_llama, PROMPT)
+    # ggx rounds K/V to F16 in the cache; everything else is float64 on ref
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * np.abs(want).max())
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
+
+
+def test_incremental_decode_equals_one_batch(tiny_model):
+    full = tiny_model.forward(PROMPT)
+    tiny_model.reset()
+    first = tiny_model.eval(PROMPT[:4], all_logits=True)
+    rows = [first] + [tiny_model.eval([t]) for t in PROMPT[4:]]
+    np.testing.assert_allclose(np.concatenate(rows), full, atol=1e-4)
+    assert tiny_model.cache.n_past == len(PROMPT)
+
+
+def test_small_batches_and_softmax_path(tiny_llama, tiny_model):
+    full = tiny_model.forward(PROMPT)
+    m = load_model(tiny_llama, devices=["ref"], n_batch=4, flash_attn=False)
+    np.testing.assert_allclose(m.forward(PROMPT), full, atol=1e-3)
+
+
+def test_decode_reuses_the_scheduler_plan(tiny_model):
+    tiny_model.reset()
+    tiny_model.eval(PROMPT)
+    sched = tiny_model.runner.sched
+    tiny_model.eval([7])
+    plans = sched.stats.n_plans
+    for t in (8, 9, 10, 11):
+        tiny_model.eval([t])
+        assert sched.stats.plan_reused
+    assert sched.stats.n_plans == plans
+
+
+def test_untied_output(tmp_path):
+    p = write_tiny_llama(tmp_path / "untied.gguf", tied=False, wtype="Q8_0", seed=3)
+    m = load_model(p, devices=["ref"])
+    assert not m.hp.tied_output
+    want = numpy_llama(p, PROMPT[:5])
+    got = m.forward(PROMPT[:5])
+    np.testing.assert_allclose(got, want, atol=2e-2 * np.abs(want).max())
+
+
+def test_generate_greedy_is_argmax_chain(tiny_model):
+    toks = list(tiny_model.generate(PROMPT, max_tokens=6, stop_at_eos=False))
+    assert len(toks) == 6
+    seq = list(PROMPT)
+    for t in toks:
+        assert t.id == int(tiny_model.forward(seq)[-1].argmax())
+        seq.append(t.id)
+    a = [t.id for t in tiny_model.generate(PROMPT, 6, temperature=0.9, seed=5, stop_at_eos=False)]
+    b = [t.id for t in tiny_model.generate(PROMPT, 6, temperature=0.9, seed=5, stop_at_eos=False)]
+    assert a == b
+
+
+def test_bad_inputs(tiny_model):
+    with pytest.raises(GGXShapeError, match="outside the vocabulary"):
+        tiny_model.forward([1, tiny_model.n_vocab])
+    with pytest.raises(GGXShapeError, match="no tokens"):
+        tiny_model.forward([])
+    with pytest.raises(GGXShapeError, match="do not fit"):
+        tiny_model.forward([3] * (tiny_model.n_ctx + 1))
