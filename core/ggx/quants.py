@@ -158,12 +158,11 @@ def _seq_sum(terms: np.ndarray, start_zero: bool = True) -> np.ndarray:
     numpy's own sum is pairwise, which rounds differently. `start_zero` mirrors `float s = 0;`;
     without it the sum starts from the first term (ggml's `float s = x[0];` loops).
     """
-    terms = np.ascontiguousarray(np.moveaxis(terms, -1, 0))  # each term a contiguous slab
-    acc = terms[0].copy()
+    acc = terms[..., 0].copy()
     if start_zero:
         acc += _f32(0.0)  # 0.0f + -0.0f is +0.0f in C too
-    for term in terms[1:]:
-        acc += term
+    for i in range(1, terms.shape[-1]):
+        acc += terms[..., i]
     return acc
 
 
