@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from ggx.backend import Backend, Buffer, BufferType, BufferUsage, Device, DeviceCaps, DeviceType, Event
-from ggx.errors import GGXShapeError, GGXUnsupported
+from ggx.errors import GGXOutOfMemory, GGXShapeError, GGXUnsupported
 from ggx.graph import Context, Graph
 from ggx.host import HostBuffer, HostBufferType
 from ggx.ops import Op
@@ -87,6 +87,8 @@ class TestBufferType(BufferType):
         return 32
 
     def alloc_buffer(self, size: int) -> TestBuffer:
+        if size < 0 or size > self.max_size:
+            raise GGXOutOfMemory(f"{self.name}: {size} bytes is more than max_size {self.max_size}")
         return TestBuffer(self, size)
 
 

@@ -30,7 +30,7 @@ from .graph import Graph
 from .ops import INPLACE_OPS
 from .tensor import Tensor, TensorFlag
 
-__all__ = ["GraphAllocator", "Plan", "Record", "Step", "graph_steps"]
+__all__ = ["GraphAllocator", "Plan", "Record", "Step", "graph_steps", "is_scratch"]
 
 
 @dataclass(slots=True)
@@ -128,6 +128,16 @@ class _Arena:
             self.sizes.pop(i)
 
 
+# Every buffer any GraphAllocator made: tensors found there are scratch from an earlier plan (of
+# this or another allocator), never "preallocated" storage to keep.
+_SCRATCH: weakref.WeakSet[Buffer] = weakref.WeakSet()
+
+
+def is_scratch(buffer: Buffer | None) -> bool:
+    """Is `buffer` a compute buffer made by a graph allocator (so its tensors may be re-placed)?"""
+    return buffer is not None and buffer in _SCRATCH
+
+
 def graph_steps(graph: Graph) -> list[Step]:
     """The allocation order of a plain graph: its nodes, each reading its sources."""
     return [Step(t, t.src) for t in graph.nodes]
@@ -159,7 +169,6 @@ class GraphAllocator:
         self.buffers: list[Buffer | None] = [None] * len(self.bufts)
         self._peak = [0] * len(self.bufts)
         self.n_grows = 0  # how many times a buffer had to be (re)allocated bigger
-        self._owned: weakref.WeakSet[Buffer] = weakref.WeakSet()  # every buffer this allocator made
         self.last_plan: Plan | None = None
 
     # --- public API -------------------------------------------------------------------------
@@ -168,9 +177,10 @@ class GraphAllocator:
         """The largest size each buffer type needed over every graph planned so far."""
         return {b: p for b, p in zip(self.bufts, self._peak)}
 
-    def owns(self, buffer: Buffer | None) -> bool:
-        """Was `buffer` allocated by this allocator? (Its tensors are re-planned, not preallocated.)"""
-        return buffer is not None and buffer in self._owned
+    @staticmethod
+    def owns(buffer: Buffer | None) -> bool:
+        """Is `buffer` scratch made by a graph allocator? Its tensors are re-planned, not kept."""
+        return is_scratch(buffer)
 
     def buffer_size(self, buft: BufferType | int = 0) -> int:
         buf = self.buffers[self._index(buft)]
@@ -215,7 +225,7 @@ class GraphAllocator:
         view_ids: set[int] = set()  # views created by a step (they hold their root alive)
 
         def own(t: Tensor) -> bool:
-            return t.view_src is None and (t.buffer is None or t.buffer in self._owned)
+            return t.view_src is None and (t.buffer is None or t.buffer in _SCRATCH)
 
         for s in steps:
             for src in s.srcs:
@@ -326,6 +336,6 @@ class GraphAllocator:
             if need > 0 and (buf is None or buf.size < need):
                 self.buffers[i] = buf = self.bufts[i].alloc_buffer(need)
                 buf.usage = BufferUsage.COMPUTE
-                self._owned.add(buf)
+                _SCRATCH.add(buf)
                 self.n_grows += 1
 

@@ -66,7 +66,8 @@ class Tensor:
         self.src = tuple(src)
         self.flags = TensorFlag.NONE
         self.name = name
-        self.ndim = ndim if ndim is not None else max(1, n_dims(self.ne))
+        # never fewer dims than ne spans: `shape` trims to ndim and must keep every element
+        self.ndim = max(ndim if ndim is not None else 1, n_dims(self.ne))
         self.buffer = None
         self.offset = 0
         if view_src is not None and view_src.view_src is not None:

@@ -187,7 +187,7 @@ def test_metadata_disagreeing_with_shapes(tmp_path):
     bad = bytearray(raw)
     bad[at:at + 4] = struct.pack("<I", 128)  # the tensors say 96
     p.write_bytes(bytes(bad))
-    with pytest.raises(GGXFormatError, match="ffn_gate.weight' has ne \\[64, 96\\], the metadata implies \\[64, 128\\]"):
+    with pytest.raises(GGXFormatError, match=r"ffn_gate.weight' has ne \[64, 96\], the metadata implies \[64, 128\]"):
         _load_all(p)
 
 

@@ -87,8 +87,9 @@ def _eval(suites, ops, types, verbose: bool, out, err) -> int:
             err.print(f"no cases match -o {','.join(ops) or '*'} -t {','.join(t.name for t in types) or '*'}")
             return 2
         bar = _progress(err, len(items), f"{suite.device.name}")
+        task = bar.add_task("run", total=len(items)) if bar is not None else None
 
-        def show(r, task=None):
+        def show(r, bar=bar, task=task):
             if r.status == FAIL:
                 out.print(f"[red]FAIL[/] {escape(r.id)}: {escape(r.message)}")
             elif verbose:
@@ -99,8 +100,7 @@ def _eval(suites, ops, types, verbose: bool, out, err) -> int:
 
         if bar is not None:
             with bar:
-                task = bar.add_task("run", total=len(items))
-                report = suite.run(items, lambda r: show(r, task))
+                report = suite.run(items, show)
         else:
             report = suite.run(items, show)
         skipped = report.skipped_by_op()
@@ -155,7 +155,7 @@ def _perf(suites, ops, types, min_time: float, out, err) -> int:
                 cells.append("not supported" if r.status != FAIL else f"[red]error[/]: {escape(r.message)}")
                 rates.append(None)
         if len(suites) == 2:
-            ok = rates[0] and rates[1] is not None
+            ok = bool(rates[0]) and rates[1] is not None
             cells.append(f"{rates[1] / rates[0]:.2f}x" if ok else "-")
         table.add_row(escape(c.name), *cells)
     if bar is not None:

@@ -41,24 +41,27 @@ class Placement:
 
 
 def place(buft: BufferType, tensors: list[Tensor]) -> Placement:
-    """Allocate one buffer holding `tensors` with a guard region before, between and after them."""
+    """Allocate one buffer holding `tensors` with a guard region before, between and after them.
+
+    A guard starts right where a tensor's `get_alloc_size` bytes end (so even a write one byte
+    past that is seen) and runs to the next aligned tensor start, at least MIN_GUARD bytes.
+    """
     align = max(1, buft.alignment)
-    guard_len = _align(MIN_GUARD, align)
-    offsets, guard_offsets, end = [], [0], guard_len
+    guards, offsets, end = [(0, _align(MIN_GUARD, align))], [], _align(MIN_GUARD, align)
     for t in tensors:
-        end = _align(end, align)
         offsets.append(end)
-        end = _align(end + max(buft.get_alloc_size(t), 1), align)
-        guard_offsets.append(end)
-        end += guard_len
+        stop = end + max(buft.get_alloc_size(t), 1)
+        end = _align(stop + MIN_GUARD, align)
+        guards.append((stop, end))
     buf = buft.alloc_buffer(end)
     for t, off in zip(tensors, offsets):
         t.buffer, t.offset = buf, off
         buf.init_tensor(t)
     placement = Placement(buf)
-    for i, off in enumerate(guard_offsets):
-        g = Tensor(GType.I32, (guard_len // 4,), name=f"guard{i}")
-        g.buffer, g.offset = buf, off
+    for i, (start, stop) in enumerate(guards):
+        # F16 elements: every ggml type size is even, so guard bounds are too
+        g = Tensor(GType.F16, ((stop - start) // 2,), name=f"guard{i}")
+        g.buffer, g.offset = buf, start
         after = tensors[i - 1].describe() if i else "the buffer start"
         placement.guards.append((g, after))
     buf.clear(FILL_BYTE)
@@ -158,7 +161,8 @@ def compare(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> tuple[bool, flo
     surprise = out_bad & ~ref_bad
     if surprise.any():
         first = np.flatnonzero(surprise.ravel())[0]
-        return False, None, f"{int(surprise.sum())} NaN/inf values where the oracle is finite (first at flat index {first})"
+        return False, None, (f"{int(surprise.sum())} NaN/inf values where the oracle is finite "
+                             f"(first at flat index {first})")
     if ref_bad.any() and not np.array_equal(out[ref_bad], ref[ref_bad], equal_nan=True):
         return False, None, "NaN/inf values differ from the oracle's"
     ok_mask = ~ref_bad

@@ -17,6 +17,7 @@ from ..backend import Backend, BufferType, Device
 from ..compute import get_tensor_data, to_raw
 from ..errors import GGXUnsupported
 from ..graph import build_graph
+from ..sched import MoeExpertUpload, Scheduler
 from ..tensor import Tensor
 
 REF_DEVICE = "ref"
@@ -32,12 +33,21 @@ def resolve_devices(devices: Sequence[str | Device] | None) -> list[Device]:
     return preferred or found
 
 
+def host_device() -> Device:
+    """The device whose memory is host memory: the CPU plugin's, else the reference backend."""
+    from .. import registry
+
+    hosts = [d for d in registry.devices() if d.buffer_type().is_host]
+    preferred = [d for d in hosts if d.name != REF_DEVICE]
+    if not (preferred or hosts):
+        raise GGXUnsupported("no host device: install ggx-cpu (the reference backend is built in)")
+    return (preferred or hosts)[0]
+
+
 def set_n_threads(backend: Backend, n_threads: int) -> bool:
-    """ggml's "set_n_threads" capability, looked up on the backend, then on its device's reg."""
-    fn = backend.get_proc_address("set_n_threads")
+    """ggml's "set_n_threads" capability f(backend, n), looked up on the backend's reg."""
     reg = getattr(backend.device, "reg", None)
-    if fn is None and reg is not None:
-        fn = reg.get_proc_address("set_n_threads")
+    fn = reg.get_proc_address("set_n_threads") if reg is not None else None
     if fn is None:
         return False
     fn(backend, n_threads)
@@ -47,16 +57,22 @@ def set_n_threads(backend: Backend, n_threads: int) -> bool:
 class Runner:
     """Runs graphs for one model on its devices through one scheduler."""
 
-    def __init__(self, devices: Sequence[str | Device] | None = None, n_threads: int | None = None):
+    def __init__(self, devices: Sequence[str | Device] | None = None, n_threads: int | None = None,
+                 moe: bool = False):
         self.devices = resolve_devices(devices)
         if not self.devices:
             raise GGXUnsupported("no device to run the model on")
+        if not self.devices[-1].buffer_type().is_host:
+            self.devices.append(host_device())  # the scheduler's last backend runs what nothing else can
         self.backends = [d.init_backend() for d in self.devices]
         self.n_threads = None
         if n_threads:
             self.set_n_threads(n_threads)
         self._bufts = self._buft_list()
-        self.sched = self._make_scheduler()
+        # llama.cpp installs the expert-upload callback for every MoE model: when experts stay in
+        # host memory and a MUL_MAT_ID runs elsewhere, only the experts the batch uses travel
+        self.copy_callback = MoeExpertUpload() if moe else None
+        self.sched = Scheduler(self.backends, copy_callback=self.copy_callback)
         self.last_splits = 1
         self.timings: dict[str, float] = defaultdict(float)  # seconds, accumulated (`ggx bench --profile`)
 
@@ -85,18 +101,11 @@ class Runner:
     def compute_buffer_type(self) -> BufferType:
         return self.devices[0].buffer_type()
 
-    @property
-    def buffer_types_used(self) -> list[str]:
-        return [b.name for b in self._bufts]
+    def host_buffer_type(self) -> BufferType:
+        """Host memory of the last (host) backend: where `host_experts` keeps expert weights."""
+        return self.devices[-1].buffer_type()
 
     # --- running ------------------------------------------------------------------------------
-    def _make_scheduler(self):
-        try:
-            from ..sched import Scheduler
-        except ImportError:
-            return None
-        return Scheduler(self.backends)
-
     def run(self, outputs: Sequence[Tensor], data: Mapping[Tensor, np.ndarray]) -> list[np.ndarray]:
         """Compute `outputs` with the input leaves set to `data`; numpy results (order = ne reversed)."""
         tm = self.timings
@@ -104,12 +113,6 @@ class Runner:
         graph = build_graph(list(outputs))
         t1 = time.perf_counter()
         tm["build_graph"] += t1 - t0
-        if self.sched is None:
-            from ..compute import compute
-
-            result = compute(outputs, data, self.devices[0])
-            tm["compute (no scheduler)"] += time.perf_counter() - t1
-            return result
         self.sched.alloc_graph(graph)
         t2 = time.perf_counter()
         for t, value in data.items():
@@ -117,7 +120,7 @@ class Runner:
         t3 = time.perf_counter()
         self.sched.graph_compute(graph)
         t4 = time.perf_counter()
-        self.last_splits = getattr(self.sched, "n_splits", 1)
+        self.last_splits = self.sched.stats.n_splits
         result = [get_tensor_data(t) for t in outputs]
         t5 = time.perf_counter()
         tm["sched.alloc_graph"] += t2 - t1

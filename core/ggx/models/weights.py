@@ -38,9 +38,13 @@ def representative_op(w: Tensor, name: str, hp: LlamaHParams) -> Tensor:
     return ctx.mul_mat(w, ctx.tensor(GType.F32, [w.ne[0], _REPR_TOKENS]))
 
 
-def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner,
-                 progress: bool = False) -> tuple[dict[str, Tensor], list[Buffer]]:
-    """Every tensor the graph reads, as leaves in device buffers: (name -> Tensor, buffers)."""
+def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner, progress: bool = False,
+                 host_experts: bool = False) -> tuple[dict[str, Tensor], list[Buffer]]:
+    """Every tensor the graph reads, as leaves in device buffers: (name -> Tensor, buffers).
+
+    `host_experts` keeps MoE expert stacks in host memory (llama.cpp's --cpu-moe): a MUL_MAT_ID
+    offloaded to an accelerator then gets only the experts it uses, through the copy callback.
+    """
     weights: dict[str, Tensor] = {}
     by_buft: dict[BufferType, list[Tensor]] = defaultdict(list)
     for name, ne in hp.expected_tensors().items():
@@ -48,7 +52,11 @@ def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner,
         t = Tensor(info.type, ne, name=name)
         t.flags |= TensorFlag.PARAM
         weights[name] = t
-        by_buft[runner.weight_buffer_type(representative_op(t, name, hp))].append(t)
+        if host_experts and name.endswith("_exps.weight"):
+            buft = runner.host_buffer_type()
+        else:
+            buft = runner.weight_buffer_type(representative_op(t, name, hp))
+        by_buft[buft].append(t)
     buffers = [_alloc(buft, ts) for buft, ts in by_buft.items()]
     total = sum(f.tensor(n).nbytes for n in weights)
     with _progress(progress, total, f"loading {len(weights)} tensors") as advance:

@@ -22,8 +22,8 @@ from .simd import IsaToken
 
 VARIANTS = ("avx512_vnni", "avx2", "portable")  # best first
 REQUIRES: dict[str, tuple[str, ...]] = {
-    "avx512_vnni": ("avx512f", "avx512bw", "avx512vl", "avx512vnni"),
-    "avx2": ("avx2", "fma"),
+    "avx512_vnni": ("avx512f", "avx512bw", "avx512vl", "avx512vnni", "f16c"),
+    "avx2": ("avx2", "fma", "f16c"),
     "portable": (),
 }
 ENV_VAR = "GGX_CPU_ISA"

@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 from .simd import I8x32, I16x16, I32x8, _llty
 
 NAME = "avx2"
-REQUIRES = ("avx2", "fma")
+REQUIRES = ("avx2", "fma", "f16c")
 
 
 def _declare(builder, name, ret, args):

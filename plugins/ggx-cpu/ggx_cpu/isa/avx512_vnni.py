@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 from .simd import I8x32, I32x8, _llty, add_i32x8, load_i32x8, mul_i32x8, xor80_i8x32  # noqa: F401
 
 NAME = "avx512_vnni"
-REQUIRES = ("avx512f", "avx512bw", "avx512vl", "avx512vnni")
+REQUIRES = ("avx512f", "avx512bw", "avx512vl", "avx512vnni", "f16c")
 
 
 @intrinsic

@@ -236,6 +236,34 @@ def hsum_f32x8(typingctx, v):
 
 
 @intrinsic
+def at(typingctx, arr, i):
+    """arr[i] without numba's negative-index wraparound (the caller guarantees 0 <= i < len)."""
+    if not (isinstance(arr, types.Array) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        return builder.load(ptr)
+
+    return arr.dtype(arr, types.intp), codegen
+
+
+@intrinsic
+def f16_at(typingctx, arr, off):
+    """The IEEE half at byte `off` of a uint8 array, as float32, through LLVM's `fpext half`
+    (one vcvtph2ps on F16C hosts; only used by the vector ISAs, which require F16C)."""
+    if not (isinstance(arr, types.Array) and arr.dtype in _BYTES and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        h = builder.load(builder.bitcast(ptr, ir.HalfType().as_pointer()), align=1)
+        return builder.fpext(h, ir.FloatType())
+
+    return types.float32(arr, types.intp), codegen
+
+
+@intrinsic
 def f16_bits_to_f32(typingctx, h):
     """An IEEE half (given as its integer bits) as float32, exact for every finite value.
 
@@ -268,3 +296,59 @@ def bits_to_f32(typingctx, u):
         return builder.bitcast(x, ir.FloatType())
 
     return types.float32(types.uint32), codegen
+
+
+# --- float vectors (the F32/F16/BF16 weight paths) ----------------------------------------------
+def _float_load(kind: str):
+    @intrinsic
+    def load(typingctx, arr, off):
+        want = {"f32": types.float32, "f16": types.uint16, "bf16": types.int16}[kind]
+        if not (isinstance(arr, types.Array) and arr.dtype == want and isinstance(off, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+            f8 = _llty(F32x8)
+            if kind == "f32":
+                return builder.load(builder.bitcast(ptr, f8.as_pointer()), align=4)
+            i32x8 = ir.VectorType(ir.IntType(32), 8)
+            h = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 8).as_pointer()), align=2)
+            x = builder.zext(h, i32x8)
+
+            def splat(v):
+                return ir.Constant(i32x8, [ir.Constant(ir.IntType(32), v)] * 8)
+
+            if kind == "bf16":
+                return builder.bitcast(builder.shl(x, splat(16)), f8)
+            # IEEE half bits -> float32, exact for finite values (see f16_bits_to_f32)
+            mag = builder.shl(builder.and_(x, splat(0x7FFF)), splat(13))
+            sign = builder.shl(builder.and_(x, splat(0x8000)), splat(16))
+            scale = ir.Constant(f8, [ir.Constant(ir.FloatType(), 2.0**112)] * 8)
+            f = builder.fmul(builder.bitcast(mag, f8), scale)
+            return builder.bitcast(builder.or_(builder.bitcast(f, i32x8), sign), f8)
+
+        return F32x8(arr, types.intp), codegen
+
+    return load
+
+
+load_f32x8 = _float_load("f32")
+load_f32x8.__doc__ = "8 float32 from element `off` of a float32 array."
+load_f16x8 = _float_load("f16")
+load_f16x8.__doc__ = "8 IEEE halves (a uint16 array of their bits) from element `off`, as float32."
+load_bf16x8 = _float_load("bf16")
+load_bf16x8.__doc__ = "8 bfloat16 (an int16 array of their bits) from element `off`, as float32."
+
+
+@intrinsic
+def fma_f32x8(typingctx, acc, a, b):
+    """acc + a * b, lane by lane."""
+    if acc != F32x8 or a != F32x8 or b != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_llty(F32x8), [_llty(F32x8)] * 3)
+        fma = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v8f32")
+        return builder.call(fma, [args[1], args[2], args[0]])
+
+    return F32x8(F32x8, F32x8, F32x8), codegen

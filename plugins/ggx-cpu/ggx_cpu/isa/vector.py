@@ -18,12 +18,14 @@ Layouts (shared with `ggx_cpu.isa.portable`, which has the same functions and si
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 from numba.extending import overload
 
 from .simd import (
     IsaType,
-    f16_bits_to_f32,
+    at,
+    f16_at,
     fma_i32x8_f32x8,
     hsum_f32x8,
     load_i8x16,
@@ -75,47 +77,75 @@ def _ol_dot_s8s8(isa, acc, w, y, ysum4):
 
 @njit(cache=True, inline="always")
 def _f16(w, o):
-    return f16_bits_to_f32(w[o] | (w[o + 1] << 8))
+    return f16_at(w, o)
 
 
+@njit(cache=True, inline="always")
+def _q4_0_block(isa, acc, w, o, yq, yd, ys4, y):
+    init = mul_i32x8(load_i32x8(ys4, y >> 2), -8)
+    lanes = dot_u8s8(isa, init, nibbles_i8x32(load_i8x16(w, o + 2)), load_i8x32(yq, y))
+    return fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * at(yd, y >> 5)))
+
+
+@njit(cache=True, inline="always")
+def _q4_1_block(isa, acc, w, o, yq, yd, y):
+    lanes = dot_u8s8(isa, zero_i32x8(), nibbles_i8x32(load_i8x16(w, o + 4)), load_i8x32(yq, y))
+    return fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * at(yd, y >> 5)))
+
+
+@njit(cache=True, inline="always")
+def _q8_0_block(isa, acc, w, o, yq, yd, ys4, y):
+    lanes = dot_s8s8(isa, zero_i32x8(), load_i8x32(w, o + 2), load_i8x32(yq, y), load_i32x8(ys4, y >> 2))
+    return fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * at(yd, y >> 5)))
+
+
+# Row dots keep two accumulators (even and odd blocks) so consecutive blocks do not wait on
+# each other's fma: one dependency chain would cap a core at one block per fma latency.
 @njit(cache=True)
 def dot_q4_0(isa, w, wo, nb, yq, yd, ys, ys4, yo):
     """sum_b d_w d_y sum_j (q_j - 8) y_j: lanes start at -8 * (sums of y), then += q . y."""
-    acc = zero_f32x8()
-    for b in range(nb):
-        o = wo + b * 18
-        y = yo + b * 32
-        init = mul_i32x8(load_i32x8(ys4, y // 4), -8)
-        lanes = dot_u8s8(isa, init, nibbles_i8x32(load_i8x16(w, o + 2)), load_i8x32(yq, y))
-        acc = fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * yd[y // 32]))
-    return hsum_f32x8(acc)
+    acc0 = zero_f32x8()
+    acc1 = zero_f32x8()
+    for b in range(0, nb - 1, 2):
+        acc0 = _q4_0_block(isa, acc0, w, wo + b * 18, yq, yd, ys4, yo + b * 32)
+        acc1 = _q4_0_block(isa, acc1, w, wo + b * 18 + 18, yq, yd, ys4, yo + b * 32 + 32)
+    if nb % 2:
+        acc0 = _q4_0_block(isa, acc0, w, wo + (nb - 1) * 18, yq, yd, ys4, yo + (nb - 1) * 32)
+    return hsum_f32x8(acc0) + hsum_f32x8(acc1)
 
 
 @njit(cache=True)
 def dot_q4_1(isa, w, wo, nb, yq, yd, ys, ys4, yo):
     """sum_b d_w d_y (q . y) + m_w s_y (ggml's vec_dot_q4_1_q8_1)."""
-    acc = zero_f32x8()
-    acc_m = 0.0
-    for b in range(nb):
+    acc0 = zero_f32x8()
+    acc1 = zero_f32x8()
+    m0 = np.float32(0.0)  # the m * s terms, also on two chains
+    m1 = np.float32(0.0)
+    yb = yo >> 5
+    for b in range(0, nb - 1, 2):
         o = wo + b * 20
-        y = yo + b * 32
-        lanes = dot_u8s8(isa, zero_i32x8(),
-                         nibbles_i8x32(load_i8x16(w, o + 4)), load_i8x32(yq, y))
-        acc = fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * yd[y // 32]))
-        acc_m += _f16(w, o + 2) * ys[y // 32]
-    return hsum_f32x8(acc) + acc_m
+        acc0 = _q4_1_block(isa, acc0, w, o, yq, yd, yo + b * 32)
+        acc1 = _q4_1_block(isa, acc1, w, o + 20, yq, yd, yo + b * 32 + 32)
+        m0 += _f16(w, o + 2) * at(ys, yb + b)
+        m1 += _f16(w, o + 22) * at(ys, yb + b + 1)
+    if nb % 2:
+        o = wo + (nb - 1) * 20
+        acc0 = _q4_1_block(isa, acc0, w, o, yq, yd, yo + (nb - 1) * 32)
+        m0 += _f16(w, o + 2) * at(ys, yb + nb - 1)
+    return hsum_f32x8(acc0) + hsum_f32x8(acc1) + (m0 + m1)
 
 
 @njit(cache=True)
 def dot_q8_0(isa, w, wo, nb, yq, yd, ys, ys4, yo):
     """sum_b d_w d_y (w . y)."""
-    acc = zero_f32x8()
-    for b in range(nb):
-        o = wo + b * 34
-        y = yo + b * 32
-        lanes = dot_s8s8(isa, zero_i32x8(), load_i8x32(w, o + 2), load_i8x32(yq, y), load_i32x8(ys4, y // 4))
-        acc = fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * yd[y // 32]))
-    return hsum_f32x8(acc)
+    acc0 = zero_f32x8()
+    acc1 = zero_f32x8()
+    for b in range(0, nb - 1, 2):
+        acc0 = _q8_0_block(isa, acc0, w, wo + b * 34, yq, yd, ys4, yo + b * 32)
+        acc1 = _q8_0_block(isa, acc1, w, wo + b * 34 + 34, yq, yd, ys4, yo + b * 32 + 32)
+    if nb % 2:
+        acc0 = _q8_0_block(isa, acc0, w, wo + (nb - 1) * 34, yq, yd, ys4, yo + (nb - 1) * 32)
+    return hsum_f32x8(acc0) + hsum_f32x8(acc1)
 
 
 @njit(cache=True)
@@ -135,22 +165,22 @@ def tile_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         d0, d1, d2, d3 = _f16(w, o0), _f16(w, o1), _f16(w, o2), _f16(w, o3)
         y0, y1, y2, y3 = yo0 + b * 32, yo1 + b * 32, yo2 + b * 32, yo3 + b * 32
         # column c: its activation block, its -8 * sums (lane start), its scale
-        v, i, e = load_i8x32(yq, y0), mul_i32x8(load_i32x8(ys4, y0 // 4), -8), yd[y0 // 32]
+        v, i, e = load_i8x32(yq, y0), mul_i32x8(load_i32x8(ys4, y0 >> 2), -8), at(yd, y0 >> 5)
         a00 = fma_i32x8_f32x8(a00, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
         a10 = fma_i32x8_f32x8(a10, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
         a20 = fma_i32x8_f32x8(a20, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
         a30 = fma_i32x8_f32x8(a30, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
-        v, i, e = load_i8x32(yq, y1), mul_i32x8(load_i32x8(ys4, y1 // 4), -8), yd[y1 // 32]
+        v, i, e = load_i8x32(yq, y1), mul_i32x8(load_i32x8(ys4, y1 >> 2), -8), at(yd, y1 >> 5)
         a01 = fma_i32x8_f32x8(a01, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
         a11 = fma_i32x8_f32x8(a11, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
         a21 = fma_i32x8_f32x8(a21, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
         a31 = fma_i32x8_f32x8(a31, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
-        v, i, e = load_i8x32(yq, y2), mul_i32x8(load_i32x8(ys4, y2 // 4), -8), yd[y2 // 32]
+        v, i, e = load_i8x32(yq, y2), mul_i32x8(load_i32x8(ys4, y2 >> 2), -8), at(yd, y2 >> 5)
         a02 = fma_i32x8_f32x8(a02, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
         a12 = fma_i32x8_f32x8(a12, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
         a22 = fma_i32x8_f32x8(a22, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
         a32 = fma_i32x8_f32x8(a32, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
-        v, i, e = load_i8x32(yq, y3), mul_i32x8(load_i32x8(ys4, y3 // 4), -8), yd[y3 // 32]
+        v, i, e = load_i8x32(yq, y3), mul_i32x8(load_i32x8(ys4, y3 >> 2), -8), at(yd, y3 >> 5)
         a03 = fma_i32x8_f32x8(a03, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
         a13 = fma_i32x8_f32x8(a13, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
         a23 = fma_i32x8_f32x8(a23, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
@@ -176,22 +206,22 @@ def tile_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         w3 = nibbles_i8x32(load_i8x16(w, o3 + 4))
         d0, d1, d2, d3 = _f16(w, o0), _f16(w, o1), _f16(w, o2), _f16(w, o3)
         y0, y1, y2, y3 = yo0 + b * 32, yo1 + b * 32, yo2 + b * 32, yo3 + b * 32
-        v, e = load_i8x32(yq, y0), yd[y0 // 32]
+        v, e = load_i8x32(yq, y0), at(yd, y0 >> 5)
         a00 = fma_i32x8_f32x8(a00, dot_u8s8(isa, z, w0, v), splat_f32x8(d0 * e))
         a10 = fma_i32x8_f32x8(a10, dot_u8s8(isa, z, w1, v), splat_f32x8(d1 * e))
         a20 = fma_i32x8_f32x8(a20, dot_u8s8(isa, z, w2, v), splat_f32x8(d2 * e))
         a30 = fma_i32x8_f32x8(a30, dot_u8s8(isa, z, w3, v), splat_f32x8(d3 * e))
-        v, e = load_i8x32(yq, y1), yd[y1 // 32]
+        v, e = load_i8x32(yq, y1), at(yd, y1 >> 5)
         a01 = fma_i32x8_f32x8(a01, dot_u8s8(isa, z, w0, v), splat_f32x8(d0 * e))
         a11 = fma_i32x8_f32x8(a11, dot_u8s8(isa, z, w1, v), splat_f32x8(d1 * e))
         a21 = fma_i32x8_f32x8(a21, dot_u8s8(isa, z, w2, v), splat_f32x8(d2 * e))
         a31 = fma_i32x8_f32x8(a31, dot_u8s8(isa, z, w3, v), splat_f32x8(d3 * e))
-        v, e = load_i8x32(yq, y2), yd[y2 // 32]
+        v, e = load_i8x32(yq, y2), at(yd, y2 >> 5)
         a02 = fma_i32x8_f32x8(a02, dot_u8s8(isa, z, w0, v), splat_f32x8(d0 * e))
         a12 = fma_i32x8_f32x8(a12, dot_u8s8(isa, z, w1, v), splat_f32x8(d1 * e))
         a22 = fma_i32x8_f32x8(a22, dot_u8s8(isa, z, w2, v), splat_f32x8(d2 * e))
         a32 = fma_i32x8_f32x8(a32, dot_u8s8(isa, z, w3, v), splat_f32x8(d3 * e))
-        v, e = load_i8x32(yq, y3), yd[y3 // 32]
+        v, e = load_i8x32(yq, y3), at(yd, y3 >> 5)
         a03 = fma_i32x8_f32x8(a03, dot_u8s8(isa, z, w0, v), splat_f32x8(d0 * e))
         a13 = fma_i32x8_f32x8(a13, dot_u8s8(isa, z, w1, v), splat_f32x8(d1 * e))
         a23 = fma_i32x8_f32x8(a23, dot_u8s8(isa, z, w2, v), splat_f32x8(d2 * e))
@@ -203,10 +233,10 @@ def tile_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         m0 = m1 = m2 = m3 = 0.0
         for b in range(nb):
             m = _f16(w, ro + b * 20 + 2)
-            m0 += m * ys[yo0 // 32 + b]
-            m1 += m * ys[yo1 // 32 + b]
-            m2 += m * ys[yo2 // 32 + b]
-            m3 += m * ys[yo3 // 32 + b]
+            m0 += m * at(ys, (yo0 >> 5) + b)
+            m1 += m * at(ys, (yo1 >> 5) + b)
+            m2 += m * at(ys, (yo2 >> 5) + b)
+            m3 += m * at(ys, (yo3 >> 5) + b)
         out[oo0 + r] += m0
         out[oo1 + r] += m1
         out[oo2 + r] += m2
@@ -227,22 +257,22 @@ def tile_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         w0, w1, w2, w3 = load_i8x32(w, o0 + 2), load_i8x32(w, o1 + 2), load_i8x32(w, o2 + 2), load_i8x32(w, o3 + 2)
         d0, d1, d2, d3 = _f16(w, o0), _f16(w, o1), _f16(w, o2), _f16(w, o3)
         y0, y1, y2, y3 = yo0 + b * 32, yo1 + b * 32, yo2 + b * 32, yo3 + b * 32
-        v, s, e = load_i8x32(yq, y0), load_i32x8(ys4, y0 // 4), yd[y0 // 32]
+        v, s, e = load_i8x32(yq, y0), load_i32x8(ys4, y0 >> 2), at(yd, y0 >> 5)
         a00 = fma_i32x8_f32x8(a00, dot_s8s8(isa, z, w0, v, s), splat_f32x8(d0 * e))
         a10 = fma_i32x8_f32x8(a10, dot_s8s8(isa, z, w1, v, s), splat_f32x8(d1 * e))
         a20 = fma_i32x8_f32x8(a20, dot_s8s8(isa, z, w2, v, s), splat_f32x8(d2 * e))
         a30 = fma_i32x8_f32x8(a30, dot_s8s8(isa, z, w3, v, s), splat_f32x8(d3 * e))
-        v, s, e = load_i8x32(yq, y1), load_i32x8(ys4, y1 // 4), yd[y1 // 32]
+        v, s, e = load_i8x32(yq, y1), load_i32x8(ys4, y1 >> 2), at(yd, y1 >> 5)
         a01 = fma_i32x8_f32x8(a01, dot_s8s8(isa, z, w0, v, s), splat_f32x8(d0 * e))
         a11 = fma_i32x8_f32x8(a11, dot_s8s8(isa, z, w1, v, s), splat_f32x8(d1 * e))
         a21 = fma_i32x8_f32x8(a21, dot_s8s8(isa, z, w2, v, s), splat_f32x8(d2 * e))
         a31 = fma_i32x8_f32x8(a31, dot_s8s8(isa, z, w3, v, s), splat_f32x8(d3 * e))
-        v, s, e = load_i8x32(yq, y2), load_i32x8(ys4, y2 // 4), yd[y2 // 32]
+        v, s, e = load_i8x32(yq, y2), load_i32x8(ys4, y2 >> 2), at(yd, y2 >> 5)
         a02 = fma_i32x8_f32x8(a02, dot_s8s8(isa, z, w0, v, s), splat_f32x8(d0 * e))
         a12 = fma_i32x8_f32x8(a12, dot_s8s8(isa, z, w1, v, s), splat_f32x8(d1 * e))
         a22 = fma_i32x8_f32x8(a22, dot_s8s8(isa, z, w2, v, s), splat_f32x8(d2 * e))
         a32 = fma_i32x8_f32x8(a32, dot_s8s8(isa, z, w3, v, s), splat_f32x8(d3 * e))
-        v, s, e = load_i8x32(yq, y3), load_i32x8(ys4, y3 // 4), yd[y3 // 32]
+        v, s, e = load_i8x32(yq, y3), load_i32x8(ys4, y3 >> 2), at(yd, y3 >> 5)
         a03 = fma_i32x8_f32x8(a03, dot_s8s8(isa, z, w0, v, s), splat_f32x8(d0 * e))
         a13 = fma_i32x8_f32x8(a13, dot_s8s8(isa, z, w1, v, s), splat_f32x8(d1 * e))
         a23 = fma_i32x8_f32x8(a23, dot_s8s8(isa, z, w2, v, s), splat_f32x8(d2 * e))

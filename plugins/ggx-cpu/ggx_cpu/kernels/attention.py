@@ -124,7 +124,10 @@ def flash_attn_ext(node: Tensor, n_threads: int) -> None:
         m, mo, ms, mne = _NO_MASK, 0, (0, 0, 0, 0), (1, 1, 1, 1)
     one_chunk = q.ne[1] < TILED_MIN_TOKENS
     slopes = alibi_slopes(q.ne[2], p.max_bias)
-    flash_attn_kernel(np.float32(p.scale), np.float32(p.logit_softcap), slopes,
+    scale = np.float32(p.scale)
+    if p.logit_softcap != 0:  # ggml: s = softcap * tanh(s * scale / softcap)
+        scale = scale / np.float32(p.logit_softcap)
+    flash_attn_kernel(scale, np.float32(p.logit_softcap), slopes,
                       one_chunk and k.type is GType.F16, one_chunk and v.type is GType.F16,
                       qq, qo, qs, qne, kk, ko, ks, kne, vv, vo, vs, vne,
                       mask is not None, m, mo, ms, mne, dd, do, ds)

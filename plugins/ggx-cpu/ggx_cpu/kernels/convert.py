@@ -25,14 +25,11 @@ from numba.extending import intrinsic, overload
 from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.types import GType
 
+from . import LOAD_TYPES, STORE_TYPES  # noqa: F401  (the types load_row / store_row take)
+
 # ggml type ids (GType.ggml_id), the codes kernels switch on.
 F32, F16, Q4_0, Q4_1, Q8_0, Q8_1, Q4_K, Q6_K, Q8_K, I32, I64, BF16 = 0, 1, 2, 3, 8, 9, 12, 14, 15, 26, 27, 30
 
-#: Types `load_row` can read (dequantize to float32).
-LOAD_TYPES = frozenset({GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q4_1, GType.Q8_0,
-                        GType.Q8_1, GType.Q4_K, GType.Q6_K, GType.Q8_K})
-#: Types `store_row` can write (ggml's from_float, reference quantizers).
-STORE_TYPES = frozenset({GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q4_1, GType.Q8_0})
 
 
 # --- scalar bit conversions (LLVM half/float casts: F16C instructions on x86) ---------------

@@ -15,12 +15,10 @@ from numba import njit, prange
 
 from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.tensor import Tensor
-from ggx.types import GType
 
+from . import FLOAT_TYPES, SLOW_STORE_TYPES
 from .common import host_bytes, need_rows, need_srcs
 from .convert import BF16, F16, F32, STORE_TYPES, f32_to_bf16, f32_to_f16, load_elem, store_row, wr_u16
-
-FLOAT_SRC = (GType.F32, GType.F16, GType.BF16)
 
 
 @njit(cache=True, inline="always")
@@ -107,11 +105,36 @@ def cpy(node: Tensor, n_threads: int) -> None:
         cpy_kernel(mode, es, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
                    dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id)
         return
-    if src.type not in FLOAT_SRC:
+    if src.type not in FLOAT_TYPES:
         raise GGXUnsupported(f"{op}: cannot convert {src.describe()} to {dst.type.name}")
+    if dst.type in SLOW_STORE_TYPES:
+        _cpy_via_f32(node, src, sbuf, so)
+        return
     if dst.type not in STORE_TYPES:
         raise GGXUnsupported(f"{op}: cannot convert to {dst.describe()}")
     if dst.type.is_quantized:
         need_rows(dst, "dst", op)
     cpy_kernel(CONVERT, 0, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
                dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id)
+
+
+def _cpy_via_f32(node: Tensor, src: Tensor, sbuf: np.ndarray, so: int) -> None:
+    """Gather src into contiguous F32 rows shaped like the destination, quantize with ggx.quants."""
+    from ggx.quants import quantize
+
+    dst = node
+    need_rows(dst, "dst", node.op.name)
+    ne = tuple(int(x) for x in dst.ne)
+    rows = np.empty(ne[::-1], np.float32)
+    nb = (4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2])
+    cpy_kernel(CONVERT, 0, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
+               rows.reshape(-1).view(np.uint8), 0, nb, ne, F32)
+    write_rows(dst, quantize(rows, dst.type))
+
+
+def write_rows(dst: Tensor, blocks: np.ndarray) -> None:
+    """Store whole rows of bytes (numpy shape = reversed ne, last axis = row bytes) into dst."""
+    data, off = host_bytes(dst, "dst", dst.op.name)
+    view = np.lib.stride_tricks.as_strided(data[off:], (*dst.ne[:0:-1], dst.row_bytes),
+                                           (*dst.nb[:0:-1], 1))
+    view[...] = blocks

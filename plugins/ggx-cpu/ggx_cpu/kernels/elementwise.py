@@ -29,16 +29,27 @@ _tables: dict[str, np.ndarray] = {}
 
 
 def gelu_table(kind: str) -> np.ndarray:
-    """ggml_table_gelu_f16 / ggml_table_gelu_quick_f16 as float32: f16(act(f16 value i)) for bits i."""
+    """ggml_table_gelu_f16 / ggml_table_gelu_quick_f16 as float32: f16(act(f16 value i)) for bits i.
+
+    float32 arithmetic as in ggml's C (as GCC compiles it); tanhf/expf are taken from float64 and
+    rounded once, as glibc's correctly rounded float functions give (numpy's float32 tanh is 1 ulp
+    off near -1, and that ulp survives the F16 rounding for x around -5).
+    """
     tab = _tables.get(kind)
     if tab is None:
+        f32 = np.float32
         x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
         with np.errstate(all="ignore"):
             if kind == "tanh":
-                y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(
-                    np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))
+                # ggml's build contracts 1 + a*x*x into fma(a*x, x, 1): one rounding (a product of
+                # two float32 is exact in float64)
+                inner = (f32(0.044715) * x).astype(np.float64) * x.astype(np.float64) + 1.0
+                arg = f32(0.7978845608028654) * x * inner.astype(np.float32)
+                th = np.tanh(arg.astype(np.float64)).astype(np.float32)
+                y = f32(0.5) * x * (f32(1.0) + th)
             else:
-                y = x * (np.float32(1.0) / (np.float32(1.0) + np.exp(np.float32(-1.702) * x)))
+                ex = np.exp((f32(-1.702) * x).astype(np.float64)).astype(np.float32)
+                y = x * (f32(1.0) / (f32(1.0) + ex))
             tab = _tables[kind] = y.astype(np.float16).astype(np.float32)
     return tab
 

@@ -35,7 +35,18 @@ from ggx.tensor import Tensor
 from ggx.types import GType
 
 from .. import isa as _isa
-from ..isa.simd import IsaType, bits_to_f32, f16_bits_to_f32
+from ..isa.simd import (
+    IsaType,
+    at,
+    bits_to_f32,
+    f16_bits_to_f32,
+    fma_f32x8,
+    hsum_f32x8,
+    load_bf16x8,
+    load_f16x8,
+    load_f32x8,
+    zero_f32x8,
+)
 from .quantize_act import quantize_act
 
 QUANT_KINDS = {GType.Q4_0: 0, GType.Q4_1: 1, GType.Q8_0: 2, GType.Q4_K: 3, GType.Q6_K: 4}
@@ -144,25 +155,40 @@ def _wval(w, i):
 @overload(_wval, inline="always")
 def _ol_wval(w, i):
     if w.dtype == types.float32:
-        return lambda w, i: w[i]
+        return lambda w, i: at(w, i)
     if w.dtype == types.uint16:
-        return lambda w, i: f16_bits_to_f32(w[i])
+        return lambda w, i: f16_bits_to_f32(at(w, i))
     if w.dtype == types.int16:
-        return lambda w, i: bits_to_f32(np.uint32(np.uint16(w[i])) << np.uint32(16))
+        return lambda w, i: bits_to_f32(np.uint32(np.uint16(at(w, i))) << np.uint32(16))
 
 
-@njit(cache=True, inline="always")
-def _fdot(w, wo, y, yo, K, acc):
-    """Dot of K weights from w[wo] with K float32 from y[yo]; acc: 16 per-lane accumulators."""
-    acc[:] = 0.0
+def _wvec(w, i):
+    """8 weights from element i as float32 lanes, by w's dtype (as _wval)."""
+
+
+@overload(_wvec, inline="always")
+def _ol_wvec(w, i):
+    if w.dtype == types.float32:
+        return lambda w, i: load_f32x8(w, i)
+    if w.dtype == types.uint16:
+        return lambda w, i: load_f16x8(w, i)
+    if w.dtype == types.int16:
+        return lambda w, i: load_bf16x8(w, i)
+
+
+@njit(cache=True)
+def _fdot(w, wo, y, yo, K):
+    """Dot of K weights from w[wo] with K float32 from y[yo]: two 8-lane accumulators."""
+    acc0 = zero_f32x8()
+    acc1 = zero_f32x8()
     k_main = K - K % 16
-    for k0 in range(0, k_main, 16):
-        for j in range(16):
-            acc[j] += _wval(w, wo + k0 + j) * y[yo + k0 + j]
+    for k in range(0, k_main, 16):
+        acc0 = fma_f32x8(acc0, _wvec(w, wo + k), load_f32x8(y, yo + k))
+        acc1 = fma_f32x8(acc1, _wvec(w, wo + k + 8), load_f32x8(y, yo + k + 8))
     total = np.float32(0.0)
     for k in range(k_main, K):
-        total += _wval(w, wo + k) * y[yo + k]
-    return acc.sum() + total
+        total += _wval(w, wo + k) * at(y, yo + k)
+    return hsum_f32x8(acc0) + hsum_f32x8(acc1) + total
 
 
 @njit(cache=True, parallel=True)
@@ -180,10 +206,9 @@ def _float_mm(w, wg, wrs, M, y, K, cstart, ycol, ocol, out):
         ce = cstart[g + 1]
         if ce == c0:
             continue
-        acc = np.zeros(16, np.float32)
         if ce - c0 == 1:
             for r in range(nr):
-                out[ocol[c0] * M + r0 + r] = _fdot(w, wo + r * wrs, y, ycol[c0] * K, K, acc)
+                out[ocol[c0] * M + r0 + r] = _fdot(w, wo + r * wrs, y, ycol[c0] * K, K)
         else:
             rows = np.empty(nr * K, np.float32)
             for r in range(nr):
@@ -191,7 +216,7 @@ def _float_mm(w, wg, wrs, M, y, K, cstart, ycol, ocol, out):
                     rows[r * K + k] = _wval(w, wo + r * wrs + k)
             for cc in range(c0, ce):
                 for r in range(nr):
-                    out[ocol[cc] * M + r0 + r] = _fdot(rows, r * K, y, ycol[cc] * K, K, acc)
+                    out[ocol[cc] * M + r0 + r] = _fdot(rows, r * K, y, ycol[cc] * K, K)
 
 
 # --- validation and preparation ----------------------------------------------------------------

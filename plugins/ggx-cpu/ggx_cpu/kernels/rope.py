@@ -22,14 +22,19 @@ from ggx.types import GType
 from .common import elems, need_ne, need_rows, need_srcs, need_type
 
 
-def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
-    """ggml_rope_yarn_corr_dims (float32 like ggml)."""
+def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
+                   beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims (float32 like ggml); only used when ext_factor != 0."""
+    f32 = np.float32
+
     def corr_dim(n_rot: float) -> float:
         with np.errstate(divide="ignore"):
-            return float(np.float32(n_dims) * np.log(np.float32(n_ctx_orig) / (np.float32(n_rot) * np.float32(2 * math.pi)))
-                         / (np.float32(2) * np.log(np.float32(freq_base))))
-    start = math.floor(corr_dim(beta_fast)) if math.isfinite(corr_dim(beta_fast)) else corr_dim(beta_fast)
-    end = math.ceil(corr_dim(beta_slow)) if math.isfinite(corr_dim(beta_slow)) else corr_dim(beta_slow)
+            ratio = f32(n_ctx_orig) / (f32(n_rot) * f32(2 * math.pi))
+            return float(f32(n_dims) * np.log(ratio) / (f32(2) * np.log(f32(freq_base))))
+
+    start, end = corr_dim(beta_fast), corr_dim(beta_slow)
+    start = math.floor(start) if math.isfinite(start) else start
+    end = math.ceil(end) if math.isfinite(end) else end
     return max(0.0, start), min(n_dims - 1.0, end)
 
 

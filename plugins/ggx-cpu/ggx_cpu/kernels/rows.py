@@ -14,8 +14,9 @@ from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.tensor import Tensor
 from ggx.types import GType
 
+from . import LOAD_TYPES, SLOW_STORE_TYPES, STORE_TYPES
 from .common import elems, host_bytes, index_values, need_ne, need_rows, need_srcs, need_type
-from .convert import LOAD_TYPES, STORE_TYPES, load_row, store_row
+from .convert import load_row, store_row
 
 
 @njit(cache=True, parallel=True)
@@ -77,7 +78,7 @@ def set_rows(node: Tensor, n_threads: int) -> None:
     dst, src, ids = node.src
     need_type(src, "src", op, GType.F32)
     need_type(ids, "ids", op, GType.I32, GType.I64)
-    if dst.type not in STORE_TYPES:
+    if dst.type not in STORE_TYPES and dst.type not in SLOW_STORE_TYPES:
         raise GGXUnsupported(f"{op}: cannot convert F32 rows to {dst.type.name}")
     if dst.ne[0] != src.ne[0] or dst.ne[2] != src.ne[2] or dst.ne[3] != src.ne[3]:
         raise GGXShapeError(f"{op}: dst {dst.describe()} and src {src.describe()} differ in dims 0/2/3")
@@ -89,10 +90,43 @@ def set_rows(node: Tensor, n_threads: int) -> None:
         raise GGXShapeError(f"{op}: result {node.describe()} is not the view of dst it must be")
     index_values(ids, "ids", op, dst.ne[1])
     ii, io, ist, ine = elems(ids, "ids", op)
+    if dst.type in SLOW_STORE_TYPES:
+        _set_rows_via_quants(dst, src, ids)
+        return
     if ii.dtype != np.int64:  # one kernel for both index types
         view = np.lib.stride_tricks.as_strided(ii[io:], ids.ne[::-1], tuple(x * 4 for x in ist[::-1]))
         ii = np.ascontiguousarray(view, dtype=np.int64).reshape(-1)
         io, ist = 0, (1, ids.ne[0], ids.ne[0] * ids.ne[1], ids.ne[0] * ids.ne[1] * ids.ne[2])
     s, so, ss, sne = elems(src, "src", op)
     db, do = host_bytes(dst, "dst", op)
-    set_rows_kernel(dst.type.ggml_id, s, so, ss, sne, ii, io, ist, ine, db, do, tuple(dst.nb))
+    args = (dst.type.ggml_id, s, so, ss, sne, ii, io, ist, ine, db, do, tuple(dst.nb))
+    planes = np.sort(np.lib.stride_tricks.as_strided(ii[io:], ids.ne[2::-1], tuple(x * 8 for x in ist[2::-1])), axis=-1)
+    if np.any(planes[..., 1:] == planes[..., :-1]):
+        # the same row written twice: threads would race (torn rows); one thread, the last write wins
+        import numba
+
+        before = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            set_rows_kernel(*args)
+        finally:
+            numba.set_num_threads(before)
+    else:
+        set_rows_kernel(*args)
+
+
+def _set_rows_via_quants(dst: Tensor, src: Tensor, ids: Tensor) -> None:
+    """SET_ROWS into a type without a numba quantizer: quantize the rows with ggx.quants."""
+    from ggx.quants import quantize
+
+    s, so, ss, sne = elems(src, "src", "SET_ROWS")
+    ii, io, ist, _ = elems(ids, "ids", "SET_ROWS")
+    db, do = host_bytes(dst, "dst", "SET_ROWS")
+    rb = dst.row_bytes
+    for k in range(sne[3]):
+        for j in range(sne[2]):
+            for i in range(sne[1]):
+                sb = so + i * ss[1] + j * ss[2] + k * ss[3]
+                row = int(ii[io + i * ist[0] + (j % ids.ne[1]) * ist[1] + (k % ids.ne[2]) * ist[2]])
+                o = do + row * dst.nb[1] + j * dst.nb[2] + k * dst.nb[3]
+                db[o: o + rb] = quantize(s[sb: sb + sne[0]], dst.type).reshape(-1)

@@ -1,0 +1,52 @@
+"""`ggx new-plugin`: writes a complete third-party plugin package from the templates here.
+
+Each `*.tmpl` (package data) is a `string.Template` with the placeholders of `names()`; `FILES`
+maps a template to the path it is written to inside the new package directory.
+"""
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+from ..errors import GGXError
+
+FILES = {
+    "pyproject.toml.tmpl": "pyproject.toml",
+    "README.md.tmpl": "README.md",
+    "init.py.tmpl": "{package}/__init__.py",
+    "plugin.py.tmpl": "{package}/plugin.py",
+    "device.py.tmpl": "{package}/device.py",
+    "test_conformance.py.tmpl": "tests/test_conformance.py",
+}
+
+
+def names(name: str) -> dict[str, str]:
+    """The spellings of a plugin name: "my-dev" (or "ggx-my-dev") gives device "my_dev",
+    distribution "ggx-my-dev", package "ggx_my_dev", class prefix "MyDev"."""
+    base = re.sub(r"^ggx[-_]", "", name.strip().lower())
+    if not re.fullmatch(r"[a-z][a-z0-9]*([-_][a-z0-9]+)*", base):
+        raise GGXError(f"plugin name {name!r}: use letters, digits, '-' or '_', starting with a letter")
+    snake = base.replace("-", "_")
+    from .. import __version__
+
+    return {"device": snake, "dist": "ggx-" + snake.replace("_", "-"), "package": "ggx_" + snake,
+            "cls": "".join(p.capitalize() for p in snake.split("_")), "ggx_version": __version__}
+
+
+def write_plugin(name: str, directory: Path | str = ".") -> Path:
+    """Write the package for plugin `name` into `directory`/<distribution name>; returns that path.
+
+    Refuses (GGXError) to write into a directory that exists and is not empty.
+    """
+    subst = names(name)
+    root = Path(directory) / subst["dist"]
+    if root.exists() and any(root.iterdir()):
+        raise GGXError(f"{root} exists and is not empty; choose another --dir or name")
+    templates = resources.files(__package__)
+    for tmpl, target in FILES.items():
+        path = root / target.format(**subst)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(Template(templates.joinpath(tmpl).read_text()).substitute(subst))
+    return root

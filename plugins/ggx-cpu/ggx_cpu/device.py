@@ -1,0 +1,371 @@
+"""The whole device layer of ggx-cpu: CpuBackendReg -> CpuDevice -> CpuBackend (ggml-cpu.cpp).
+
+Nothing here imports numba or compiles anything: kernels are imported on the first
+graph_compute that needs them (numba compiles lazily and caches on disk), so listing devices
+and answering supports_op stay cheap.
+
+- Memory is the host's (tensors live in the core's HostBufferType, named "CPU").
+- supports_op: an op whose src[0] lives in an extra buffer type (repack, AMX) is that buffer
+  type's to answer; otherwise every source must be host memory and the op/type pair must be
+  one the kernels take.
+- graph_compute runs the nodes in order (view ops skipped): an op whose src[0] lives in an extra
+  buffer type goes to that type's compute_forward first, else to the dispatch table's kernel.
+  Each kernel is one numba parallel region over rows, run on n_threads threads.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from ggx.backend import (
+    API_VERSION,
+    Backend,
+    BackendReg,
+    Buffer,
+    BufferType,
+    Device,
+    DeviceCaps,
+    DeviceType,
+    ExtraBufferType,
+)
+from ggx.errors import GGXShapeError, GGXUnsupported
+from ggx.graph import Graph
+from ggx.host import HostBuffer, HostBufferType
+from ggx.ops import Op
+from ggx.tensor import Tensor
+from ggx.types import GType
+
+from . import __version__
+from .kernels import FLOAT_TYPES, LOAD_TYPES, SLOW_STORE_TYPES, STORE_TYPES
+
+#: Op -> (module under ggx_cpu.kernels, function(node, n_threads)); imported on first use.
+KERNELS: dict[Op, tuple[str, str]] = {
+    Op.ADD: ("elementwise", "add"),
+    Op.MUL: ("elementwise", "mul"),
+    Op.SCALE: ("elementwise", "scale"),
+    Op.SILU: ("elementwise", "silu_op"),
+    Op.GELU: ("elementwise", "gelu"),
+    Op.GLU: ("elementwise", "glu"),
+    Op.RMS_NORM: ("norm", "rms_norm"),
+    Op.NORM: ("norm", "norm"),
+    Op.ROPE: ("rope", "rope"),
+    Op.SOFT_MAX: ("softmax", "soft_max"),
+    Op.FLASH_ATTN_EXT: ("attention", "flash_attn_ext"),
+    Op.GET_ROWS: ("rows", "get_rows"),
+    Op.SET_ROWS: ("rows", "set_rows"),
+    Op.CPY: ("cpy", "cpy"),
+    Op.DUP: ("cpy", "cpy"),
+    Op.CONT: ("cpy", "cpy"),
+    Op.ARGSORT: ("sort", "argsort"),
+    Op.TOP_K: ("sort", "top_k"),
+    Op.SUM_ROWS: ("reduce", "sum_rows"),
+    Op.MUL_MAT: ("matmul", "mul_mat"),  # part B: ggx_cpu.kernels.matmul
+    Op.MUL_MAT_ID: ("matmul", "mul_mat_id"),
+}
+
+#: Weight types the matrix-product kernels take (mul_mat / mul_mat_id src[0]).
+MUL_MAT_TYPES = frozenset({GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q4_1, GType.Q8_0,
+                           GType.Q4_K, GType.Q6_K})
+
+#: Ops cheaper than a second thread's wake-up (~3-9 us with numba's OpenMP pool on 2 cores)
+#: run on one thread when their result has fewer elements than this.
+SMALL_OP_ELEMENTS = 16384
+_ALWAYS_THREADED = frozenset({Op.MUL_MAT, Op.MUL_MAT_ID, Op.FLASH_ATTN_EXT})
+
+_kernel_cache: dict[Op, Callable[[Tensor, int], None]] = {}
+
+
+@functools.cache
+def _has_module(name: str) -> bool:
+    return importlib.util.find_spec(f"ggx_cpu.kernels.{name}") is not None
+
+
+def kernel_for(op: Op) -> Callable[[Tensor, int], None]:
+    """The kernel wrapper for `op` (imports its module on first use)."""
+    fn = _kernel_cache.get(op)
+    if fn is None:
+        entry = KERNELS.get(op)
+        if entry is None or not _has_module(entry[0]):
+            raise GGXUnsupported(f"CPU: no kernel for {op.name}")
+        fn = _kernel_cache[op] = getattr(importlib.import_module(f"ggx_cpu.kernels.{entry[0]}"), entry[1])
+    return fn
+
+
+def _buft_of(t: Tensor | None) -> BufferType | None:
+    if t is None:
+        return None
+    buf = t.data_buffer
+    return buf.buft if buf is not None else None
+
+
+def extra_buffer_types(device: Device) -> list[ExtraBufferType]:
+    """The extra buffer types plugins offer for `device`, in priority order (empty without a registry)."""
+    try:
+        from ggx import registry
+
+        found = registry.extra_buffer_types(device)
+    except (ImportError, AttributeError):
+        return []
+    return [b[1] if isinstance(b, tuple) else b for b in found]
+
+
+# --- CPU identity ---------------------------------------------------------------------------
+@functools.cache
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    try:
+        import llvmlite.binding as ll
+
+        return ll.get_host_cpu_name()
+    except Exception:  # noqa: BLE001 - the name is cosmetic
+        import platform
+
+        return platform.processor() or platform.machine() or "unknown CPU"
+
+
+#: The features worth a word in the device description, in this order.
+_KEY_FEATURES = ("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx512bf16",
+                 "avxvnni", "amx-tile", "amx-int8", "neon", "sve")
+
+
+def isa_info() -> tuple[str, list[str]]:
+    """(active ISA variant, host features) from ggx_cpu.isa (part B) when it is there."""
+    if not _has_module_top("isa"):
+        return "none", []
+    try:
+        isa = importlib.import_module("ggx_cpu.isa")
+        return str(isa.active()), list(isa.features())
+    except Exception as e:  # noqa: BLE001 - report, do not fail device listing
+        return f"unavailable ({e})", []
+
+
+@functools.cache
+def _has_module_top(name: str) -> bool:
+    return importlib.util.find_spec(f"ggx_cpu.{name}") is not None
+
+
+def host_memory() -> tuple[int, int]:
+    """(available, total) bytes of host memory."""
+    try:
+        info = {}
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                info[key] = int(rest.split()[0]) * 1024
+        return info.get("MemAvailable", info["MemFree"]), info["MemTotal"]
+    except (OSError, KeyError, ValueError, IndexError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
+
+
+# --- threads ----------------------------------------------------------------------------------
+_threads_now = 0
+
+
+def set_numba_threads(n: int) -> None:
+    """Make the next numba parallel region use n threads (skips the call when unchanged)."""
+    global _threads_now
+    import numba
+
+    n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+    if n != _threads_now:
+        numba.set_num_threads(n)
+        _threads_now = n
+
+
+def forget_numba_threads() -> None:
+    """Someone else may have changed numba's thread count: set it again next time."""
+    global _threads_now
+    _threads_now = 0
+
+
+def default_threads() -> int:
+    return os.cpu_count() or 1
+
+
+# --- the contracts ------------------------------------------------------------------------------
+class CpuBackend(Backend):
+    """One synchronous execution stream on the CPU: graph_compute returns when the work is done."""
+
+    name = "CPU"
+
+    def __init__(self, device: CpuDevice, n_threads: int | None = None):
+        super().__init__(device)
+        self.n_threads = default_threads()
+        if n_threads is not None:
+            self.set_n_threads(n_threads)
+
+    def set_n_threads(self, n_threads: int) -> None:
+        if not isinstance(n_threads, int) or n_threads < 1:
+            raise GGXShapeError(f"CPU: n_threads must be a positive integer, got {n_threads!r}")
+        self.n_threads = n_threads
+
+    def threads_for(self, node: Tensor) -> int:
+        if self.n_threads > 1 and node.op not in _ALWAYS_THREADED and node.nelements < SMALL_OP_ELEMENTS:
+            return 1
+        return self.n_threads
+
+    def compute_node(self, node: Tensor) -> None:
+        """Run one node: its src[0]'s extra buffer type first, else the kernel table."""
+        if node.op.is_view or node.op is Op.NONE or node.nelements == 0:
+            return
+        buft = _buft_of(node.src[0] if node.src else None)
+        if isinstance(buft, ExtraBufferType):
+            n = self.n_threads
+            forget_numba_threads()
+            if buft.compute_forward(node, n):
+                return
+        fn = kernel_for(node.op)
+        n = self.threads_for(node)
+        set_numba_threads(n)
+        fn(node, n)
+        if node.op in _ALWAYS_THREADED:
+            forget_numba_threads()
+
+    def graph_compute(self, graph: Graph) -> None:
+        for node in graph.nodes:
+            self.compute_node(node)
+
+    def get_proc_address(self, name: str) -> Callable | None:
+        if name == "set_n_threads":
+            return self.set_n_threads
+        return self.device.reg.get_proc_address(name) if self.device.reg is not None else None
+
+
+class CpuDevice(Device):
+    """The host CPU: host memory, every op of the catalogue."""
+
+    name = "CPU"
+    type = DeviceType.CPU
+    caps = DeviceCaps(async_=False, host_buffer=False, buffer_from_host_ptr=True, events=False)
+
+    def __init__(self, reg: CpuBackendReg | None = None):
+        self.reg = reg
+        self._buft = HostBufferType(self, name="CPU")
+
+    @functools.cached_property
+    def description(self) -> str:  # type: ignore[override]
+        active, feats = isa_info()
+        shown = " ".join(f.upper() for f in _KEY_FEATURES if f in feats)
+        return f"{cpu_model()} ({active}{': ' + shown if shown else ''})"
+
+    def memory(self) -> tuple[int, int]:
+        return host_memory()
+
+    def init_backend(self, **params) -> CpuBackend:
+        unknown = set(params) - {"n_threads"}
+        if unknown:
+            raise GGXUnsupported(f"CPU: unknown backend parameters {sorted(unknown)}")
+        return CpuBackend(self, params.get("n_threads"))
+
+    def buffer_type(self) -> BufferType:
+        return self._buft
+
+    def buffer_from_host_ptr(self, array: np.ndarray, max_tensor_size: int) -> Buffer:
+        """Wrap existing host memory (C-contiguous, aligned) as a CPU buffer, without copying."""
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise GGXUnsupported("CPU: buffer_from_host_ptr needs a C-contiguous numpy array")
+        if array.ctypes.data % self._buft.alignment:
+            raise GGXUnsupported(f"CPU: host memory must be {self._buft.alignment}-byte aligned")
+        buf = HostBuffer.__new__(HostBuffer)
+        Buffer.__init__(buf, self._buft, array.nbytes)
+        buf.data = array.reshape(-1).view(np.uint8)
+        return buf
+
+    def supports_buft(self, buft: BufferType) -> bool:
+        return buft.is_host or any(buft is b for b in extra_buffer_types(self))
+
+    def supports_op(self, op: Tensor) -> bool:
+        buft = _buft_of(op.src[0] if op.src else None)
+        if isinstance(buft, ExtraBufferType):
+            return any(buft is b for b in extra_buffer_types(self)) and bool(buft.supports_op(op))
+        for s in op.src:
+            b = _buft_of(s)
+            if b is not None and not b.is_host:
+                return False
+        return op_supported(op)
+
+    def get_extra_buffer_types(self) -> list[ExtraBufferType]:
+        return extra_buffer_types(self)
+
+
+def op_supported(op: Tensor) -> bool:
+    """Can the kernels compute `op` (types and layouts), sources in host memory."""
+    kind = op.op
+    if kind.is_view or kind is Op.NONE:
+        return True
+    entry = KERNELS.get(kind)
+    if entry is None or not _has_module(entry[0]):
+        return False
+    src = op.src
+    if kind in (Op.MUL_MAT, Op.MUL_MAT_ID):
+        return src[0].type in MUL_MAT_TYPES and src[1].type is GType.F32
+    if kind is Op.GET_ROWS:
+        return (src[0].type in LOAD_TYPES or src[0].type is GType.I32) and src[0].has_contiguous_rows()
+    if kind is Op.SET_ROWS:
+        return src[0].type in STORE_TYPES | SLOW_STORE_TYPES and src[1].type is GType.F32
+    if kind in (Op.CPY, Op.DUP, Op.CONT):
+        a, b = src[0], op
+        if a.type is b.type:
+            return not a.type.is_quantized or (a.has_contiguous_rows() and b.has_contiguous_rows() and (
+                a.ne[0] == b.ne[0] or (a.is_contiguous() and b.is_contiguous())))
+        return a.type in FLOAT_TYPES and (b.type in STORE_TYPES or (
+            b.type in SLOW_STORE_TYPES and b.has_contiguous_rows()))
+    if kind is Op.FLASH_ATTN_EXT:
+        return (src[0].type is GType.F32 and src[1].type in (GType.F16, GType.F32)
+                and src[2].type in (GType.F16, GType.F32) and (len(src) < 4 or src[3].type is GType.F16))
+    if kind is Op.SOFT_MAX:
+        return src[0].type is GType.F32 and (len(src) < 2 or src[1].type in (GType.F16, GType.F32))
+    if kind is Op.ROPE:
+        return src[0].type is GType.F32 and src[1].type is GType.I32
+    return all(s.type is GType.F32 for s in src)
+
+
+class CpuBackendReg(BackendReg):
+    """What ggx-cpu registers: one device, "CPU", and its optional capabilities."""
+
+    name = "CPU"
+    version = __version__
+    api_version = API_VERSION
+
+    def __init__(self) -> None:
+        self._device = CpuDevice(self)
+
+    def devices(self) -> list[Device]:
+        return [self._device]
+
+    def get_proc_address(self, name: str) -> Callable | None:
+        """"set_n_threads" -> f(backend, n); "get_features" -> f() -> dict;
+        "dev_get_extra_bufts" -> f(device) -> list of extra buffer types."""
+        if name == "set_n_threads":
+            return set_n_threads
+        if name == "get_features":
+            return get_features
+        if name == "dev_get_extra_bufts":
+            return extra_buffer_types
+        return None
+
+
+def set_n_threads(backend: Backend, n_threads: int) -> None:
+    """ggml_backend_cpu_set_n_threads."""
+    if not isinstance(backend, CpuBackend):
+        raise GGXUnsupported(f"set_n_threads: {backend!r} is not a CPU backend")
+    backend.set_n_threads(n_threads)
+
+
+def get_features() -> dict:
+    """The CPU's identity and what the kernels use on it."""
+    active, feats = isa_info()
+    return {"cpu": cpu_model(), "isa": active, "features": feats, "n_threads_default": default_threads(),
+            "threading_layer": os.environ.get("NUMBA_THREADING_LAYER", "default")}

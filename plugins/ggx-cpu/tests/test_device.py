@@ -1,0 +1,146 @@
+"""The device layer: registration, identity, threads, supports_op, extra buffer types, laziness."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ggx
+from ggx.backend import API_VERSION, Buffer, DeviceType, ExtraBufferType
+from ggx.errors import GGXShapeError, GGXUnsupported
+from ggx.host import HostBufferType
+from ggx.types import GType
+from ggx_cpu import device as cpu_device
+from ggx_cpu.plugin import backend_reg, ggx_backend_reg
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return backend_reg().devices()[0]
+
+
+def test_registration_and_identity(dev):
+    reg = ggx_backend_reg()
+    assert reg is backend_reg() and reg.api_version == API_VERSION and reg.name == "CPU"
+    assert dev.name == "CPU" and dev.type == DeviceType.CPU and dev.reg is reg
+    assert cpu_device.cpu_model() in dev.description
+    free, total = dev.memory()
+    assert 0 < free <= total
+    buft = dev.buffer_type()
+    assert isinstance(buft, HostBufferType) and buft.name == "CPU" and buft.device is dev
+    assert dev.supports_buft(buft) and dev.supports_buft(HostBufferType(dev, name="other host"))
+
+
+def test_entry_point_finds_the_plugin():
+    assert any(d.name == "CPU" for d in ggx.devices())
+
+
+def test_set_n_threads_and_features(dev):
+    be = dev.init_backend()
+    assert be.n_threads == cpu_device.default_threads()
+    backend_reg().get_proc_address("set_n_threads")(be, 1)
+    assert be.n_threads == 1
+    be.get_proc_address("set_n_threads")(2)
+    assert be.n_threads == 2
+    with pytest.raises(GGXShapeError):
+        be.set_n_threads(0)
+    assert dev.init_backend(n_threads=1).n_threads == 1
+    with pytest.raises(GGXUnsupported):
+        dev.init_backend(threads=3)
+    feats = backend_reg().get_proc_address("get_features")()
+    assert {"cpu", "isa", "features"} <= set(feats)
+    assert backend_reg().get_proc_address("no such thing") is None
+
+
+def test_supports_op_by_type(dev):
+    ctx = ggx.Context()
+    f32 = ctx.tensor(GType.F32, (256, 4))
+    assert dev.supports_op(ctx.get_rows(ctx.tensor(GType.Q6_K, (256, 8)), ctx.tensor(GType.I32, (2,))))
+    assert dev.supports_op(ctx.cpy(f32, ctx.tensor(GType.Q4_0, (256, 4))))
+    assert not dev.supports_op(ctx.cpy(f32, ctx.tensor(GType.Q8_K, (256, 4))))
+    assert dev.supports_op(ctx.reshape(f32, (1024,)))
+    assert dev.supports_op(ctx.flash_attn_ext(ctx.tensor(GType.F32, (64, 2, 4)), ctx.tensor(GType.F16, (64, 8, 2)),
+                                              ctx.tensor(GType.F16, (64, 8, 2))))
+
+
+class FakeExtra(ExtraBufferType):
+    """An extra buffer type that 'computes' SCALE by writing a constant, and declines SILU."""
+
+    name = "FAKE"
+
+    def __init__(self, dev):
+        self._dev = dev
+        self.calls = []
+
+    @property
+    def device(self):
+        return self._dev
+
+    def alloc_buffer(self, size: int) -> Buffer:
+        return HostBufferType(self._dev).alloc_buffer(size)
+
+    def supports_op(self, op) -> bool:
+        return op.op is ggx.Op.SCALE
+
+    def compute_forward(self, op, n_threads: int = 1) -> bool:
+        self.calls.append((op.op, n_threads))
+        return False
+
+
+def test_extra_buffer_types_are_asked_first(dev, monkeypatch):
+    extra = FakeExtra(dev)
+    monkeypatch.setattr(cpu_device, "extra_buffer_types", lambda device: [extra])
+    ctx = ggx.Context()
+    w = ctx.tensor(GType.F32, (8, 2))
+    host = dev.buffer_type().alloc_buffer(w.nbytes)
+    w.buffer = Buffer.__new__(type(host))
+    w.buffer.__dict__.update(host.__dict__)
+    w.buffer.buft = extra  # the weight now lives in the extra buffer type
+    assert dev.supports_buft(extra)
+    assert dev.supports_op(ctx.scale(w, 2.0)) and not dev.supports_op(ctx.silu(w))
+    be = dev.init_backend(n_threads=1)
+    node = ctx.scale(w, 2.0)
+    node.buffer, node.offset = dev.buffer_type().alloc_buffer(node.nbytes), 0
+    be.graph_compute(ggx.build_graph(node))  # declined by the extra type: the CPU kernel runs
+    assert extra.calls == [(ggx.Op.SCALE, 1)]
+
+
+def test_buffer_from_host_ptr(dev):
+    from ggx.host import aligned_empty
+
+    mem = aligned_empty(256)
+    buf = dev.buffer_from_host_ptr(mem, 256)
+    ctx = ggx.Context()
+    t = ctx.tensor(GType.F32, (64,))
+    t.buffer, t.offset = buf, 0
+    buf.set_tensor(t, np.arange(64, dtype=np.float32).view(np.uint8))
+    assert np.array_equal(mem.view(np.float32), np.arange(64, dtype=np.float32))
+    with pytest.raises(GGXUnsupported):
+        dev.buffer_from_host_ptr(aligned_empty(257)[1:], 256)
+
+
+def test_unknown_op_is_unsupported(dev):
+    ctx = ggx.Context()
+    a = ctx.tensor(GType.F32, (4,))
+    node = ctx.silu(a)
+    node.op = ggx.Op.NONE  # op NONE is a leaf: nothing to run, no error
+    dev.init_backend().compute_node(node)
+    with pytest.raises(GGXUnsupported):
+        cpu_device.kernel_for(ggx.Op.VIEW)
+
+
+def test_discovery_is_light():
+    """Registering, memory and supports_op import no numba (the description asks ggx_cpu.isa, which may)."""
+    code = ("import sys, ggx; from ggx_cpu.plugin import ggx_backend_reg; d = ggx_backend_reg().devices()[0];"
+            "c = ggx.Context(); a = c.tensor('q4_0', (64, 4)); d.memory();"
+            "d.supports_op(c.mul_mat(a, c.tensor('f32', (64, 2)))); d.supports_op(c.silu(c.tensor('f32', 4)));"
+            "print('numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_small_ops_run_on_one_thread(dev):
+    be = dev.init_backend(n_threads=2)
+    ctx = ggx.Context()
+    small, big = ctx.silu(ctx.tensor(GType.F32, (16,))), ctx.silu(ctx.tensor(GType.F32, (4096, 8)))
+    assert be.threads_for(small) == 1 and be.threads_for(big) == 2

@@ -1,0 +1,226 @@
+"""CPU_REPACK: the extra buffer type holding repacked weights (ggml's cpu repack buffer type).
+
+- `get_alloc_size`: the bytes of the tensor's layout (Q4_K's is 2.8 % larger than ggml's).
+- `RepackBuffer.init_tensor` records the tensor's layout in `tensor.extra`; `set_tensor`
+  repacks the whole tensor (offset 0, all of its ggml bytes, nothing else) into that layout.
+- The buffer is write-only: its bytes are no longer ggml's layout, so `get_tensor` and
+  `cpy_tensor` raise GGXUnsupported (`memset_tensor` fills raw bytes, as ggml's does, so
+  allocators can clear and guard it); any op other than the matmuls
+  below is refused by supports_op, which keeps it (and its weight) off this buffer type.
+- `supports_op`: MUL_MAT with a 2-D weight, MUL_MAT_ID with a 3-D expert weight, the weight
+  (not a view of it) in this buffer type with a layout for this CPU (type in the selection
+  table, rows divisible by the group), F32 activations in host memory with contiguous rows.
+- `compute_forward`: quantizes the activations once (ggx-cpu's `quantize_act`, the weight's
+  vec_dot_type) and runs one `kernels.repack_mm` region: gemv for one column, gemm tiles for more.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ggx.backend import Buffer, BufferUsage, Device, ExtraBufferType
+from ggx.errors import GGXOutOfMemory, GGXShapeError, GGXUnsupported
+from ggx.host import aligned_empty, tensor_array
+from ggx.ops import Op
+from ggx.tensor import Tensor
+from ggx.types import GType
+
+from .layouts import Layout, optimal_layout, repack
+
+NAME = "CPU_REPACK"
+
+
+def _isa() -> str:
+    from ggx_cpu import isa
+
+    return isa.select()
+
+
+class RepackBuffer(Buffer):
+    """Host memory holding repacked weights; write-only (see the module docstring)."""
+
+    def __init__(self, buft: RepackBufferType, size: int, usage: BufferUsage = BufferUsage.WEIGHTS):
+        super().__init__(buft, size, usage)
+        try:
+            self.data = aligned_empty(max(size, 1), buft.alignment)[:size]
+        except MemoryError as e:
+            raise GGXOutOfMemory(f"{NAME}: cannot allocate {size} bytes") from e
+
+    def init_tensor(self, tensor: Tensor) -> None:
+        if tensor.view_src is None:
+            tensor.extra = self.buft.layout_for(tensor)
+
+    def set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
+        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if offset != 0 or data.size != tensor.nbytes:
+            raise GGXUnsupported(f"{NAME}: {tensor.describe()} must be set whole (offset 0, {tensor.nbytes} "
+                                 f"bytes); got offset {offset}, {data.size} bytes")
+        if tensor.view_src is not None or not tensor.is_contiguous():
+            raise GGXUnsupported(f"{NAME}: {tensor.describe()} is a view or not contiguous; only whole "
+                                 "contiguous weights are repacked")
+        lay = self.buft.layout_for(tensor)
+        if lay is None:
+            raise GGXUnsupported(f"{NAME}: {tensor.describe()} has no repacked layout on this CPU "
+                                 f"(ISA {_isa()}); keep it in the plain CPU buffer")
+        packed = repack(lay, data, tensor.ne)
+        start = tensor.data_offset
+        if start + packed.size > self.size:
+            raise GGXShapeError(f"{NAME}: {tensor.describe()} needs bytes {start}..{start + packed.size} of a "
+                                f"{self.size}-byte buffer (allocate get_alloc_size bytes)")
+        self.data[start: start + packed.size] = packed
+        tensor.extra = lay
+
+    def get_tensor(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
+        raise GGXUnsupported(f"{NAME} is write-only: {tensor.describe()} was repacked and is no longer in "
+                             "ggml's layout; read the weights from their source instead")
+
+    def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
+        """Fill raw bytes (as ggml's repack buffer, which keeps the CPU buffer's memset)."""
+        size = tensor.nbytes - offset if size is None else size
+        start = tensor.data_offset + offset
+        if offset < 0 or size < 0 or start + size > self.size:
+            raise GGXShapeError(f"{NAME}: memset of bytes {offset}..{offset + size} of {tensor.describe()} "
+                                f"is outside the {self.size}-byte buffer")
+        self.data[start: start + size] = value
+
+    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        raise GGXUnsupported(f"{NAME} is write-only: cannot copy {src.describe()} into {dst.describe()}; "
+                             "use set_tensor with the whole tensor")
+
+    def clear(self, value: int = 0) -> None:
+        self.data[:] = value
+
+
+class RepackBufferType(ExtraBufferType):
+    """The CPU_REPACK extra buffer type of one CPU device.
+
+    `forced` maps weight types to layouts that win over the selection table (testing any layout
+    on any CPU); by default $GGX_REPACK_LAYOUTS is read instead.
+    """
+
+    name = NAME
+
+    def __init__(self, device: Device, forced: dict[GType, Layout] | None = None):
+        self._device = device
+        self.forced = forced
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def alignment(self) -> int:
+        return 64
+
+    def alloc_buffer(self, size: int) -> RepackBuffer:
+        if size < 0 or size > self.max_size:
+            raise GGXOutOfMemory(f"{NAME}: {size} bytes is more than max_size {self.max_size}")
+        return RepackBuffer(self, size)
+
+    def layout_for(self, t: Tensor) -> Layout | None:
+        """The layout tensor `t` gets here, or None (not a repackable weight on this CPU)."""
+        if not t.type.is_quantized or t.ne[3] != 1:
+            return None
+        return optimal_layout(t.type, t.ne[1], _isa(), self.forced)
+
+    def get_alloc_size(self, tensor: Tensor) -> int:
+        lay = self.layout_for(tensor) if tensor.view_src is None else None
+        return max(tensor.nbytes, lay.packed_nbytes(tensor.ne)) if lay is not None else tensor.nbytes
+
+    # --- ops ------------------------------------------------------------------------------------
+    def why_not(self, op: Tensor) -> str | None:
+        """Why `op` cannot run on this buffer type (None: it can)."""
+        if op.op not in (Op.MUL_MAT, Op.MUL_MAT_ID):
+            return f"{op.op.name} is not a matmul (CPU_REPACK computes MUL_MAT and MUL_MAT_ID only)"
+        if len(op.src) < (3 if op.op is Op.MUL_MAT_ID else 2):
+            return f"{op.describe()} lacks sources"
+        a, b = op.src[0], op.src[1]
+        buf = a.data_buffer
+        if buf is None or buf.buft is not self:
+            return f"weight {a.describe()} is not in {NAME}"
+        if a.view_src is not None or not a.is_contiguous():
+            return f"weight {a.describe()} is a view or not contiguous"
+        if op.op is Op.MUL_MAT and (a.ne[2] != 1 or a.ne[3] != 1):
+            return f"MUL_MAT weight {a.describe()} is not 2-D"
+        lay = self.layout_for(a)
+        if lay is None:
+            return f"weight {a.describe()} has no repacked layout on this CPU (ISA {_isa()})"
+        if b.type is not GType.F32 or a.ne[0] != b.ne[0] or not b.has_contiguous_rows():
+            return f"activations {b.describe()} must be F32 with contiguous rows of K={a.ne[0]}"
+        for s in op.src[1:]:
+            sb = s.data_buffer
+            if sb is not None and not sb.buft.is_host:
+                return f"{s.describe()} is not in host memory ({sb.buft.name})"
+        if op.type is not GType.F32:
+            return f"destination {op.describe()} must be F32"
+        if op.op is Op.MUL_MAT_ID:
+            ids = op.src[2]
+            if ids.type is not GType.I32 or ids.ne[2] != 1 or ids.ne[3] != 1 or b.ne[3] != 1:
+                return f"MUL_MAT_ID ids {ids.describe()} / b {b.describe()} have unexpected shapes"
+        return None
+
+    def supports_op(self, op: Tensor) -> bool:
+        return self.why_not(op) is None
+
+    def compute_forward(self, op: Tensor, n_threads: int = 1) -> bool:
+        buf = op.src[0].data_buffer if op.src else None
+        if buf is None or buf.buft is not self:
+            return False
+        why = self.why_not(op)
+        if why is not None:
+            raise GGXUnsupported(f"{NAME}: cannot compute {op.describe()}: {why}")
+        a = op.src[0]
+        lay = a.extra
+        if not isinstance(lay, Layout):
+            raise GGXUnsupported(f"{NAME}: weight {a.describe()} was never set (set_tensor repacks it)")
+        if op.nelements == 0:
+            return True
+        _run(op, lay, buf.data, n_threads)
+        return True
+
+
+# --- compute ----------------------------------------------------------------------------------------
+def _columns(op: Tensor, lay: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(wg, cstart, ycol, ocol) of `kernels.repack_mm` for a MUL_MAT or MUL_MAT_ID node."""
+    a, b = op.src[0], op.src[1]
+    off = a.data_offset
+    if op.op is Op.MUL_MAT:  # one matrix for every column of b (b's dims 2/3 broadcast over it)
+        n = b.ne[1] * b.ne[2] * b.ne[3]
+        cols = np.arange(n, dtype=np.int64)
+        return np.array([off], np.int64), np.array([0, n], np.int64), cols, cols
+    ids = op.src[2]
+    n_used, n_tokens = ids.ne[0], ids.ne[1]
+    experts = np.ascontiguousarray(tensor_array(ids)).reshape(n_tokens, n_used)
+    bad = (experts < 0) | (experts >= a.ne[2])
+    if bad.any():
+        t, e = np.argwhere(bad)[0]
+        raise GGXShapeError(f"mul_mat_id: ids[{e}, {t}] = {experts[t, e]} is not an expert of {a.describe()}")
+    flat = experts.reshape(-1)  # slot s = t * n_used + e is output row s
+    slots = np.argsort(flat, kind="stable")
+    used, counts = np.unique(flat[slots], return_counts=True)
+    ycol = (slots // n_used) * b.ne[1] + (slots % n_used) % b.ne[1]
+    cstart = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    per_expert = lay.packed_nbytes((a.ne[0], a.ne[1], 1, 1))
+    return (off + used * per_expert).astype(np.int64), cstart, ycol.astype(np.int64), slots.astype(np.int64)
+
+
+def _run(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> None:
+    """Quantize the activations once, then one parallel kernel over (matrix, row group)."""
+    from ggx_cpu import isa
+    from ggx_cpu.kernels.quantize_act import quantize_act
+
+    from .kernels import lane_rows, repack_mm, set_threads
+
+    a, b = op.src[0], op.src[1]
+    K, M = a.ne[0], a.ne[1]
+    wg, cstart, ycol, ocol = _columns(op, lay)
+    n = set_threads(n_threads)
+    x = np.ascontiguousarray(tensor_array(b), dtype=np.float32).reshape(-1, K)
+    act = quantize_act(x, a.type.vec_dot_type, n)
+    per = 2 if act.gtype is GType.Q8_K else 8  # s4 holds sums of 16 (Q8_K) or of 4 values
+    ysum = act.s4.reshape(-1, per).sum(axis=1, dtype=np.int32)
+    view = tensor_array(op)
+    out = view.reshape(-1) if view.flags.c_contiguous else np.empty(view.size, np.float32)
+    repack_mm(isa.token(), lay, w, wg, lay.group_bytes, K // a.type.block_size, K, M,
+              act.qs, act.d, ysum, act.s, cstart, ycol, ocol, lane_rows(lay), out)
+    if not view.flags.c_contiguous:
+        view[...] = out.reshape(view.shape)

@@ -1,0 +1,538 @@
+"""gemv / gemm on repacked weights (ggml's gemv_/gemm_<layout>_q8_*), one source per ISA x layout.
+
+The kernels take two compile-time tokens: ggx-cpu's `isa` token (its numba type names the
+variant: `avx512_vnni` vpdpbusd, `avx2` vpmaddubsw + vpmaddwd, `portable` plain LLVM vector IR)
+and a `Layout` (typed as `LayoutType(name)`), so one source compiles, and caches, once per
+(ISA, layout) pair. Only the 8-bit product differs per ISA; it is ggx-cpu's building block.
+
+How a group block is computed (N rows x one block of 32 values; layouts in layouts.py): a
+32-byte load of interleaved quants holds 4 bytes of some row in each int32 lane, so the
+product of that load with an activation vector built for it (8 or 4 activation bytes
+broadcast: `_bcast8`, `_bcast4x2`) leaves in every lane a partial dot product of *one row*.
+Lanes are never summed inside the K loop: two int32 accumulators A and B per column (A: the
+even loads, B: the odd ones) are scaled per lane by the rows' scales (`_pairs` / `_quad2`
+spread the N scales over the lanes) into two float32 accumulators per column, and only at the
+end are the lanes of each row added (`lane_rows`: A lanes then B lanes -> row in the group).
+
+Offsets (-8 for Q4_0 nibbles, +128 for the xor-ed Q8_0 bytes, Q4_K mins) use the activation's
+block sums: an integer accumulator starts at -8 * sum(y) / (lanes per row) instead of 0.
+
+Inputs (validated by buffer.py before a kernel runs):
+  w       uint8: the repack buffer's bytes; matrix g's groups start at byte wg[g], group i's
+          block j at wg[g] + (i * nbk + j) * gbytes.
+  yq, yd  activations quantized by ggx-cpu's `quantize_act` (int8 values, one row of K per
+          column; float32 scale per block of 32, or 256 for Q8_K).
+  ysum    int32 sum of the values of each 32-value activation block; ys float32 Q8_1 `s`.
+  cstart, ycol, ocol  matrix g multiplies columns cstart[g]..cstart[g+1]: activation row
+          ycol[c], output row ocol[c] of `out` (rows of M floats).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import NativeValue, intrinsic, models, overload, register_model, typeof_impl, unbox
+
+from ggx_cpu.isa.simd import (
+    F32x8,
+    I8x32,
+    I32x8,
+    IsaType,
+    _llty,
+    add_i32x8,
+    fma_i32x8_f32x8,
+    load_i8x32,
+    load_i32x8,
+    splat_f32x8,
+    zero_f32x8,
+    zero_i32x8,
+)
+
+from .layouts import Layout
+
+TILE = 8  # columns per gemm tile: each weight load serves this many columns
+
+
+# --- the layout token -------------------------------------------------------------------------
+class LayoutType(types.Type):
+    """numba type of a `Layout`: kernels specialize on it (name = the layout's name)."""
+
+    def __init__(self, name: str, nrows: int, interleave: int, xor_mask: int, family: str):
+        self.layout_name = name
+        self.nrows = nrows
+        self.interleave = interleave
+        self.xor_mask = xor_mask
+        self.family = family  # "q4_0", "q4_1", "q8_0", "q4_K"
+        super().__init__(name=f"Layout({name})")
+
+
+@typeof_impl.register(Layout)
+def _typeof_layout(val, c):
+    return LayoutType(val.name, val.nrows, val.interleave, val.xor_mask, val.name[:4])
+
+
+register_model(LayoutType)(models.OpaqueModel)
+
+
+@unbox(LayoutType)
+def _unbox_layout(typ, obj, c):
+    return NativeValue(c.context.get_dummy_value())
+
+
+def lane_rows(lay: Layout) -> np.ndarray:
+    """Row (in the group) of each accumulator lane: A lanes 0..7, then B lanes 8..15."""
+    if lay.nrows == 8:  # 8x8: A holds rows 0-3, B rows 4-7, two lanes per row
+        return np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7], np.int64)
+    if lay.interleave == 8:  # 4x8: both hold rows 0-3, two lanes per row
+        return np.array([0, 0, 1, 1, 2, 2, 3, 3] * 2, np.int64)
+    return np.array([0, 1, 2, 3] * 4, np.int64)  # 4x4: lanes r and r + 4
+
+
+# --- vector helpers (plain LLVM IR, lowered by every target) ------------------------------------
+def _i32c(values):
+    return ir.Constant(ir.VectorType(ir.IntType(32), len(values)), [ir.Constant(ir.IntType(32), v) for v in values])
+
+
+def _byte_ptr(context, builder, arrty, arr, off):
+    ary = context.make_array(arrty)(context, builder, arr)
+    return builder.gep(ary.data, [off])
+
+
+def _make_spread(n_in: int, bits: int, pattern: list[int], out: str):
+    """An intrinsic (arr, off) -> a vector: n_in `bits`-wide ints at byte `off` of a byte array,
+    shuffled by `pattern`, then as out = "i8" (bytes), "u32" (zero-extended) or "f16" (halves -> f32)."""
+    ret = {"i8": I8x32, "u32": I32x8, "f16": F32x8}[out]
+
+    @intrinsic
+    def spread(typingctx, arr, off):
+        if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8)
+                and isinstance(off, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ity = ir.IntType(bits)
+            ptr = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]),
+                                  ir.VectorType(ity, n_in).as_pointer())
+            v = builder.load(ptr, align=1)
+            v = builder.shuffle_vector(v, v, _i32c(pattern))
+            if out == "i8":
+                return v
+            i32 = ir.VectorType(ir.IntType(32), 8)
+            x = builder.zext(v, i32)
+            if out == "u32":
+                return x
+            # IEEE half bits -> float32 (exact for finite values): see ggx_cpu's f16_bits_to_f32
+            def splat(c):
+                return ir.Constant(i32, [ir.Constant(ir.IntType(32), c)] * 8)
+            mag = builder.shl(builder.and_(x, splat(0x7FFF)), splat(13))
+            sign = builder.shl(builder.and_(x, splat(0x8000)), splat(16))
+            f32 = ir.VectorType(ir.FloatType(), 8)
+            f = builder.fmul(builder.bitcast(mag, f32), ir.Constant(f32, [ir.Constant(ir.FloatType(), 2.0**112)] * 8))
+            return builder.bitcast(builder.or_(builder.bitcast(f, i32), sign), f32)
+
+        return ret(arr, types.intp), codegen
+
+    return spread
+
+
+_bcast8 = _make_spread(8, 8, list(range(8)) * 4, "i8")  # 8 activation bytes, 4 times
+_bcast4x2 = _make_spread(8, 8, [0, 1, 2, 3] * 4 + [4, 5, 6, 7] * 4, "i8")  # bytes 0-3 x4, 4-7 x4
+_f16_pairs = _make_spread(4, 16, [0, 0, 1, 1, 2, 2, 3, 3], "f16")  # 4 scales, each on 2 lanes
+_f16_quad2 = _make_spread(4, 16, [0, 1, 2, 3] * 2, "f16")  # 4 scales, twice
+_u8_pairs = _make_spread(4, 8, [0, 0, 1, 1, 2, 2, 3, 3], "u32")  # 4 byte scales, each on 2 lanes
+
+
+def _vec_binop(vt, op: str):
+    @intrinsic
+    def f(typingctx, a, b):
+        if a != vt or b != vt:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+
+        return vt(vt, vt), codegen
+
+    return f
+
+
+_mul_i32x8 = _vec_binop(I32x8, "mul")
+_mul_f32x8 = _vec_binop(F32x8, "fmul")
+_sub_f32x8 = _vec_binop(F32x8, "fsub")
+_add_f = _vec_binop(F32x8, "fadd")
+
+
+@intrinsic
+def _nibbles(typingctx, v, mask):
+    """(low, high) nibbles of 32 bytes after xor with `mask` (the layout's xor mask)."""
+    if v != I8x32 or not isinstance(mask, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vt = _llty(I8x32)
+        m = builder.trunc(args[1], ir.IntType(8)) if args[1].type.width > 8 else args[1]
+        x = builder.xor(args[0], builder.shuffle_vector(
+            builder.insert_element(ir.Constant(vt, ir.Undefined), m, ir.Constant(ir.IntType(32), 0)),
+            ir.Constant(vt, ir.Undefined), _i32c([0] * 32)))
+        c15 = ir.Constant(vt, [ir.Constant(ir.IntType(8), 15)] * 32)
+        c4 = ir.Constant(vt, [ir.Constant(ir.IntType(8), 4)] * 32)
+        return context.make_tuple(builder, sig.return_type, [builder.and_(x, c15), builder.lshr(x, c4)])
+
+    return types.UniTuple(I8x32, 2)(I8x32, mask), codegen
+
+
+@intrinsic
+def _splat_i32x8(typingctx, x):
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.int32)
+        vt = _llty(I32x8)
+        vec = builder.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(vec, ir.Constant(vt, ir.Undefined), _i32c([0] * 8))
+
+    return I32x8(types.int32), codegen
+
+
+@intrinsic
+def _cvt_f32x8(typingctx, v):
+    if v != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _llty(F32x8))
+
+    return F32x8(I32x8), codegen
+
+
+def _make_store(vt, dtype):
+    @intrinsic
+    def store(typingctx, arr, off, v):
+        if not (isinstance(arr, types.Array) and arr.dtype == dtype and v == vt):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+            builder.store(args[2], builder.bitcast(ptr, _llty(vt).as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.void(arr, types.intp, vt), codegen
+
+    return store
+
+
+def _make_vload(vt, dtype):
+    @intrinsic
+    def load(typingctx, arr, off):
+        if not (isinstance(arr, types.Array) and arr.dtype == dtype):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+            return builder.load(builder.bitcast(ptr, _llty(vt).as_pointer()), align=4)
+
+        return vt(arr, types.intp), codegen
+
+    return load
+
+
+_store_f32x8 = _make_store(F32x8, types.float32)
+_store_i32x8 = _make_store(I32x8, types.int32)
+_load_f32x8 = _make_vload(F32x8, types.float32)
+
+
+@intrinsic
+def _portable_dot_u8s8(typingctx, acc, u, s):
+    """acc + the 4-byte dot products of u (unsigned) and s (signed), in target-independent IR."""
+    if acc != I32x8 or u != I8x32 or s != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        w32 = ir.VectorType(ir.IntType(32), 32)
+        p = builder.mul(builder.zext(args[1], w32), builder.sext(args[2], w32))
+        total = args[0]
+        for j in range(4):
+            total = builder.add(total, builder.shuffle_vector(p, p, _i32c(list(range(j, 32, 4)))))
+        return total
+
+    return I32x8(I32x8, I8x32, I8x32), codegen
+
+
+# --- ISA dispatch --------------------------------------------------------------------------------
+def _isa_name(isa) -> str:
+    return isa.isa_name if isinstance(isa, IsaType) else "portable"
+
+
+def _dot(isa, acc, u, s):
+    """Lane-wise acc + u . s (u unsigned bytes, s signed bytes) with `isa`'s instruction."""
+
+
+@overload(_dot, inline="always")
+def _ol_dot(isa, acc, u, s):
+    name = _isa_name(isa)
+    if name == "avx512_vnni":
+        from ggx_cpu.isa import avx512_vnni as m
+    elif name == "avx2":
+        from ggx_cpu.isa import avx2 as m
+    else:
+        return lambda isa, acc, u, s: _portable_dot_u8s8(acc, u, s)
+    f = m.dot_u8s8
+    return lambda isa, acc, u, s: f(acc, u, s)
+
+
+def _dot_q8(isa, acc, wu, y):
+    """acc + wu . y for xor-0x80 Q8_0 weights wu (= w + 128): exact, or w . y on AVX2 (see _q8_corr)."""
+
+
+@overload(_dot_q8, inline="always")
+def _ol_dot_q8(isa, acc, wu, y):
+    if _isa_name(isa) == "avx2":  # vpmaddubsw saturates 255 * 127 pairs: back to signed, |w| sign(y, w)
+        from ggx_cpu.isa import avx2
+        from ggx_cpu.isa.simd import xor80_i8x32
+
+        f = avx2.dot_s8s8
+        return lambda isa, acc, wu, y: f(acc, xor80_i8x32(wu), y, acc)
+    return lambda isa, acc, wu, y: _dot(isa, acc, wu, y)
+
+
+def _q8_corr(isa):
+    """Per-lane start for Q8_0 4x4 (4 lanes per row): -128 * sum(y) / 4, or 0 where _dot_q8 is signed."""
+
+
+@overload(_q8_corr, inline="always")
+def _ol_q8_corr(isa):
+    k = 0 if _isa_name(isa) == "avx2" else -32
+    return lambda isa: k
+
+
+def _const_overload(name: str, fn):
+    """A function of the layout token answering a compile-time constant `fn(LayoutType)`."""
+    def stub(lay):
+        raise NotImplementedError
+
+    stub.__name__ = name
+
+    @overload(stub, inline="always")
+    def _ol(lay):
+        value = fn(lay)
+        return lambda lay: value
+
+    return stub
+
+
+_is8 = _const_overload("_is8", lambda t: t.nrows == 8)
+_mask = _const_overload("_mask", lambda t: t.xor_mask)
+_is_q4_1 = _const_overload("_is_q4_1", lambda t: t.family == "q4_1")
+_head = _const_overload("_head", lambda t: 2 * t.nrows * (2 if t.family == "q4_1" else 1))
+_corr = _const_overload("_corr", lambda t: (-4 if t.nrows == 8 else -2) if t.family == "q4_0" else 0)
+_inv_lpr = _const_overload("_inv_lpr", lambda t: 0.5 if t.nrows == 8 else 0.25)
+lay_rows = _const_overload("lay_rows", lambda t: t.nrows)
+
+
+def _yop(lay, yq, off):
+    """The activation operand for one weight load: 8 bytes x 4 (B = 8) or 4 + 4 bytes x 4 (B = 4)."""
+
+
+@overload(_yop, inline="always")
+def _ol_yop(lay, yq, off):
+    if lay.interleave == 8:
+        return lambda lay, yq, off: _bcast8(yq, off)
+    return lambda lay, yq, off: _bcast4x2(yq, off)
+
+
+def _scales(lay, w, off, half):
+    """The N f16 scales at byte `off` spread over the lanes of accumulator A (half 0) or B (1)."""
+
+
+@overload(_scales, inline="always")
+def _ol_scales(lay, w, off, half):
+    if lay.nrows == 8:
+        return lambda lay, w, off, half: _f16_pairs(w, off + 8 * half)
+    if lay.interleave == 8:
+        return lambda lay, w, off, half: _f16_pairs(w, off)
+    return lambda lay, w, off, half: _f16_quad2(w, off)
+
+
+# --- group blocks ---------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _fma2(acc, t, ia, ib, sa, sb):
+    """Float accumulators of column t += int lanes * per-lane scales."""
+    _store_f32x8(acc, t * 16, fma_i32x8_f32x8(_load_f32x8(acc, t * 16), ia, sa))
+    _store_f32x8(acc, t * 16 + 8, fma_i32x8_f32x8(_load_f32x8(acc, t * 16 + 8), ib, sb))
+
+
+@njit(cache=True, inline="always")
+def _block_q4(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
+    """One Q4_0 / Q4_1 group block (N rows x 32 values) against columns c..c+nt."""
+    qo = o + _head(lay)
+    l0, h0 = _nibbles(load_i8x32(w, qo), _mask(lay))
+    l1, h1 = _nibbles(load_i8x32(w, qo + 32), _mask(lay))
+    l2, h2, l3, h3 = l0, h0, l1, h1
+    if _is8(lay):
+        l2, h2 = _nibbles(load_i8x32(w, qo + 64), _mask(lay))
+        l3, h3 = _nibbles(load_i8x32(w, qo + 96), _mask(lay))
+    sa = _scales(lay, w, o, 0)
+    sb = _scales(lay, w, o, 1)
+    ma = mb = zero_f32x8()
+    if _is_q4_1(lay):
+        ma = _mul_f32x8(_scales(lay, w, o + 2 * lay_rows(lay), 0), splat_f32x8(_inv_lpr(lay)))
+        mb = _mul_f32x8(_scales(lay, w, o + 2 * lay_rows(lay), 1), splat_f32x8(_inv_lpr(lay)))
+    nbk = K // 32
+    for t in range(nt):
+        col = ycol[c + t]
+        y = col * K + b * 32
+        blk = col * nbk + b
+        init = _splat_i32x8(np.int32(_corr(lay) * ysum[blk]))
+        if _is8(lay):
+            ia = _dot(isa, _dot(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
+            ia = _dot(isa, _dot(isa, ia, l2, _yop(lay, yq, y + 8)), h2, _yop(lay, yq, y + 24))
+            ib = _dot(isa, _dot(isa, init, l1, _yop(lay, yq, y)), h1, _yop(lay, yq, y + 16))
+            ib = _dot(isa, _dot(isa, ib, l3, _yop(lay, yq, y + 8)), h3, _yop(lay, yq, y + 24))
+        else:
+            ia = _dot(isa, _dot(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
+            ib = _dot(isa, _dot(isa, init, l1, _yop(lay, yq, y + 8)), h1, _yop(lay, yq, y + 24))
+        dy = splat_f32x8(yd[blk])
+        if _is_q4_1(lay):
+            s = splat_f32x8(ys[blk])
+            _store_f32x8(acc, t * 16, _add_f(_load_f32x8(acc, t * 16), _mul_f32x8(ma, s)))
+            _store_f32x8(acc, t * 16 + 8, _add_f(_load_f32x8(acc, t * 16 + 8), _mul_f32x8(mb, s)))
+        _fma2(acc, t, ia, ib, _mul_f32x8(sa, dy), _mul_f32x8(sb, dy))
+
+
+
+@njit(cache=True, inline="always")
+def _block_q8(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
+    """One Q8_0 4x4 group block (4 rows x 32 values, bytes xor 0x80) against columns c..c+nt."""
+    qo = o + 8
+    w0 = load_i8x32(w, qo)
+    w1 = load_i8x32(w, qo + 32)
+    w2 = load_i8x32(w, qo + 64)
+    w3 = load_i8x32(w, qo + 96)
+    s = _f16_quad2(w, o)
+    nbk = K // 32
+    for t in range(nt):
+        col = ycol[c + t]
+        y = col * K + b * 32
+        blk = col * nbk + b
+        init = _splat_i32x8(np.int32(_q8_corr(isa) * ysum[blk]))
+        ia = _dot_q8(isa, _dot_q8(isa, init, w0, _bcast4x2(yq, y)), w2, _bcast4x2(yq, y + 16))
+        ib = _dot_q8(isa, _dot_q8(isa, init, w1, _bcast4x2(yq, y + 8)), w3, _bcast4x2(yq, y + 24))
+        sd = _mul_f32x8(s, splat_f32x8(yd[blk]))
+        _fma2(acc, t, ia, ib, sd, sd)
+
+
+@njit(cache=True, inline="always")
+def _block_q4_K(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
+    """One Q4_K 8x8 group super-block (8 rows x 256 values) against columns c..c+nt.
+
+    Per sub-block pair p the int lanes of (low nibbles, sub-block 2p) and (high, 2p+1) are
+    scaled by the rows' 6-bit scales into iacc; the mins term sum_j m_j * sum(y_j) follows.
+    """
+    nbk = K // 256
+    for t in range(nt):
+        _store_i32x8(iacc, t * 16, zero_i32x8())
+        _store_i32x8(iacc, t * 16 + 8, zero_i32x8())
+    for p in range(4):
+        q = o + 160 + 256 * p
+        la0, ha0 = _nibbles(load_i8x32(w, q), 0)
+        lb0, hb0 = _nibbles(load_i8x32(w, q + 32), 0)
+        la1, ha1 = _nibbles(load_i8x32(w, q + 64), 0)
+        lb1, hb1 = _nibbles(load_i8x32(w, q + 96), 0)
+        la2, ha2 = _nibbles(load_i8x32(w, q + 128), 0)
+        lb2, hb2 = _nibbles(load_i8x32(w, q + 160), 0)
+        la3, ha3 = _nibbles(load_i8x32(w, q + 192), 0)
+        lb3, hb3 = _nibbles(load_i8x32(w, q + 224), 0)
+        sca_lo = _u8_pairs(w, o + 32 + 16 * p)
+        scb_lo = _u8_pairs(w, o + 36 + 16 * p)
+        sca_hi = _u8_pairs(w, o + 40 + 16 * p)
+        scb_hi = _u8_pairs(w, o + 44 + 16 * p)
+        z = zero_i32x8()
+        for t in range(nt):
+            y = ycol[c + t] * K + b * 256 + 64 * p
+            y0, y1, y2, y3 = _bcast8(yq, y), _bcast8(yq, y + 8), _bcast8(yq, y + 16), _bcast8(yq, y + 24)
+            ila = _dot(isa, _dot(isa, _dot(isa, _dot(isa, z, la0, y0), la1, y1), la2, y2), la3, y3)
+            ilb = _dot(isa, _dot(isa, _dot(isa, _dot(isa, z, lb0, y0), lb1, y1), lb2, y2), lb3, y3)
+            y0, y1 = _bcast8(yq, y + 32), _bcast8(yq, y + 40)
+            y2, y3 = _bcast8(yq, y + 48), _bcast8(yq, y + 56)
+            iha = _dot(isa, _dot(isa, _dot(isa, _dot(isa, z, ha0, y0), ha1, y1), ha2, y2), ha3, y3)
+            ihb = _dot(isa, _dot(isa, _dot(isa, _dot(isa, z, hb0, y0), hb1, y1), hb2, y2), hb3, y3)
+            ia = add_i32x8(_mul_i32x8(ila, sca_lo), _mul_i32x8(iha, sca_hi))
+            ib = add_i32x8(_mul_i32x8(ilb, scb_lo), _mul_i32x8(ihb, scb_hi))
+            _store_i32x8(iacc, t * 16, add_i32x8(load_i32x8(iacc, t * 16), ia))
+            _store_i32x8(iacc, t * 16 + 8, add_i32x8(load_i32x8(iacc, t * 16 + 8), ib))
+    da = _f16_pairs(w, o)
+    db = _f16_pairs(w, o + 8)
+    half = splat_f32x8(0.5)  # each row sits on 2 lanes: its mins term once per row
+    dma = _mul_f32x8(_f16_pairs(w, o + 16), half)
+    dmb = _mul_f32x8(_f16_pairs(w, o + 24), half)
+    for t in range(nt):
+        col = ycol[c + t]
+        ms = col * (K // 32) + b * 8
+        ma = mb = zero_i32x8()
+        for j in range(8):
+            yj = _splat_i32x8(ysum[ms + j])
+            ma = add_i32x8(ma, _mul_i32x8(_u8_pairs(w, o + 96 + 8 * j), yj))
+            mb = add_i32x8(mb, _mul_i32x8(_u8_pairs(w, o + 100 + 8 * j), yj))
+        dy = splat_f32x8(yd[col * nbk + b])
+        fa = _sub_f32x8(fma_i32x8_f32x8(_load_f32x8(acc, t * 16), load_i32x8(iacc, t * 16), _mul_f32x8(da, dy)),
+                        _mul_f32x8(_cvt_f32x8(ma), _mul_f32x8(dma, dy)))
+        fb = _sub_f32x8(fma_i32x8_f32x8(_load_f32x8(acc, t * 16 + 8), load_i32x8(iacc, t * 16 + 8),
+                                        _mul_f32x8(db, dy)),
+                        _mul_f32x8(_cvt_f32x8(mb), _mul_f32x8(dmb, dy)))
+        _store_f32x8(acc, t * 16, fa)
+        _store_f32x8(acc, t * 16 + 8, fb)
+
+
+def _block(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
+    """One group block of the layout's family."""
+
+
+@overload(_block, inline="always")
+def _ol_block(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
+    f = {"q4_0": _block_q4, "q4_1": _block_q4, "q8_0": _block_q8, "q4_K": _block_q4_K}[lay.family]
+    return lambda isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc: f(
+        isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc)
+
+
+# --- the kernel -------------------------------------------------------------------------------------
+@njit(cache=True, parallel=True)
+def repack_mm(isa, lay, w, wg, gbytes, nbk, K, M, yq, yd, ysum, ys, cstart, ycol, ocol, rows, out):
+    """MUL_MAT / MUL_MAT_ID on repacked weights: one parallel region over (matrix, row group).
+
+    A task takes its columns TILE at a time (gemm; a single column is the gemv case): every
+    group block's weights are loaded and unpacked once per tile and serve all its columns.
+    """
+    N = lay_rows(lay)
+    n_mats = wg.shape[0]
+    n_groups = M // N
+    for task in prange(n_mats * n_groups):
+        g = task // n_groups
+        grp = task % n_groups
+        base = wg[g] + grp * nbk * gbytes
+        acc = np.empty(TILE * 16, np.float32)
+        iacc = np.empty(TILE * 16, np.int32)
+        c = cstart[g]
+        while c < cstart[g + 1]:
+            nt = min(TILE, cstart[g + 1] - c)
+            acc[:] = 0.0
+            for b in range(nbk):
+                _block(isa, lay, w, base + b * gbytes, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc)
+            for t in range(nt):
+                oo = ocol[c + t] * M + grp * N
+                for r in range(N):
+                    out[oo + r] = 0.0
+                for lane in range(16):
+                    out[oo + rows[lane]] += acc[t * 16 + lane]
+            c += nt
+
+
+def set_threads(n_threads: int) -> int:
+    """Use min(n_threads, numba's pool size) threads for the next kernels; returns it."""
+    n = max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+    return n
+
+
+__all__ = ["repack_mm", "lane_rows", "set_threads", "LayoutType", "TILE"]

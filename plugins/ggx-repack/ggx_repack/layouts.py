@@ -1,0 +1,229 @@
+"""The repacked weight layouts and the choice of one per tensor (ggml's repack.cpp, in numpy).
+
+A layout takes the rows of a quantized weight matrix `N` at a time (a *group*) and, for each
+block column `b` (32 values; 256 for Q4_K), writes one *group block*:
+
+    [ scales of the N rows (and mins, ...) ][ the N rows' quant bytes, interleaved ]
+
+so one SIMD load gets the bytes of several rows at the same position, and one load gets
+their scales. Group g's group blocks are contiguous (b = 0, 1, ...), groups follow each other,
+and for a 3-D (MoE) weight the experts follow each other. The layout is named
+`<type>_<N>x<B>`, as ggml names its `block_<type>x<N>` instances.
+
+The interleave (ggml's `make_block_q4_0x4` loop, the only index transform of this module):
+the N rows' quant bytes of one block, Q[r, j] (r < N, j < L bytes per row), become
+
+    P[i] = Q[(i % (N*B)) // B,  (i // (N*B)) * B + i % B]        for i < N * L
+
+i.e. B bytes of row 0, B bytes of row 1, ..., B bytes of row N-1, then the next B bytes of
+row 0, ... Every quant byte is then xor-ed with the layout's `xor_mask`.
+
+Group-block headers (little-endian, scales in row order r = 0..N-1):
+  q4_0_NxB  d[N] f16                                              quants 16 B per row
+  q4_1_8x8  d[N] f16, m[N] f16                                    quants 16 B per row
+  q8_0_4x4  d[N] f16                                              quants 32 B per row
+  q4_K_8x8  d[N] f16, dmin[N] f16, sc[8][N] u8, mn[8][N] u8       quants 128 B per row
+The Q4_K header holds the 6-bit sub-block scales and mins already decoded (ggml keeps them
+packed): 32 bytes more per group block (+2.8 %), so `get_alloc_size` exceeds nbytes, and the
+kernels load the eight rows' scales of a sub-block with one 8-byte load instead of decoding.
+
+The xor mask: ggml turns Q4_0's offset nibbles q (value q - 8) into signed 4-bit numbers with
+0x88 because its ARM kernels multiply signed by signed (sdot). x86's byte products (vpdpbusd,
+vpmaddubsw) take one *unsigned* operand, which the plain nibble already is: ggx keeps Q4_0 8x8
+unmasked and folds the -8 into the accumulator's start value, and keeps ggml's 0x88 in the
+NEON-style 4x4 / 4x8 groupings (byte-identical with ggml's block_q4_0x4 there; the x86
+kernels undo it with one xor per 32 bytes). For Q8_0 the mask 0x80 saves work on x86: w ^ 0x80
+= w + 128 is unsigned, so vpdpbusd takes the weights as they are (no per-load sign fix-up).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggx.errors import GGXShapeError, GGXUnsupported
+from ggx.types import GType
+
+#: ggx-cpu's x86 ISA variants (every one runs every layout; see kernels.py).
+X86 = ("avx512_vnni", "avx2", "portable")
+#: Environment variable forcing layouts by name (comma separated), for testing any layout on any CPU.
+ENV_FORCE = "GGX_REPACK_LAYOUTS"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One repacked layout: `nrows` rows per group, quants interleaved `interleave` bytes at a time."""
+
+    name: str
+    gtype: GType
+    nrows: int  # N: rows per group (ggml's number of interleaved blocks)
+    interleave: int  # B: bytes taken from one row before the next (ggml's blck_size_interleave)
+    xor_mask: int  # xor-ed into every quant byte
+
+    @property
+    def quant_bytes(self) -> int:
+        """Quant bytes of one row in one block."""
+        return {GType.Q4_0: 16, GType.Q4_1: 16, GType.Q8_0: 32, GType.Q4_K: 128}[self.gtype]
+
+    @property
+    def head_bytes(self) -> int:
+        """Header bytes of one group block (scales and the like)."""
+        n = self.nrows
+        return {GType.Q4_0: 2 * n, GType.Q4_1: 4 * n, GType.Q8_0: 2 * n, GType.Q4_K: 4 * n + 16 * n}[self.gtype]
+
+    @property
+    def group_bytes(self) -> int:
+        return self.head_bytes + self.nrows * self.quant_bytes
+
+    def packed_nbytes(self, ne: tuple[int, ...]) -> int:
+        """Bytes of a contiguous weight [K, M, E, 1] in this layout."""
+        nbk = ne[0] // self.gtype.block_size
+        return ne[1] // self.nrows * nbk * self.group_bytes * ne[2] * ne[3]
+
+    def __repr__(self) -> str:
+        return f"<Layout {self.name}>"
+
+
+LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
+    Layout("q4_0_8x8", GType.Q4_0, 8, 8, 0x00),
+    Layout("q4_0_4x8", GType.Q4_0, 4, 8, 0x88),
+    Layout("q4_0_4x4", GType.Q4_0, 4, 4, 0x88),
+    Layout("q4_1_8x8", GType.Q4_1, 8, 8, 0x00),
+    Layout("q8_0_4x4", GType.Q8_0, 4, 4, 0x80),
+    Layout("q4_K_8x8", GType.Q4_K, 8, 8, 0x00),
+)}
+
+#: ggml_repack_get_optimal_repack_type as a table, tried top to bottom:
+#: (weight type, ISA variants it applies to, rows must divide by, layout name).
+#: The NEON rows name ggml's ARM choices; no x86 host selects them (force them to test them).
+SELECTION: tuple[tuple[GType, tuple[str, ...], int, str], ...] = (
+    (GType.Q4_0, X86, 8, "q4_0_8x8"),
+    (GType.Q4_0, ("neon_i8mm",), 4, "q4_0_4x8"),
+    (GType.Q4_0, ("neon_dotprod",), 4, "q4_0_4x4"),
+    (GType.Q4_1, X86, 8, "q4_1_8x8"),
+    (GType.Q4_K, X86, 8, "q4_K_8x8"),
+    (GType.Q8_0, X86 + ("neon_dotprod",), 4, "q8_0_4x4"),
+)
+
+
+def forced_layouts() -> dict[GType, Layout]:
+    """Layouts forced through $GGX_REPACK_LAYOUTS (e.g. "q4_0_4x4,q8_0_4x4"), by weight type."""
+    value = os.environ.get(ENV_FORCE, "").strip()
+    out: dict[GType, Layout] = {}
+    for name in filter(None, (x.strip() for x in value.split(","))):
+        if name not in LAYOUTS:
+            raise GGXUnsupported(f"{ENV_FORCE}: unknown layout {name!r}; known: {', '.join(LAYOUTS)}")
+        out[LAYOUTS[name].gtype] = LAYOUTS[name]
+    return out
+
+
+def optimal_layout(gtype: GType, nrows: int, isa: str, forced: dict[GType, Layout] | None = None) -> Layout | None:
+    """The layout for a weight of `gtype` with `nrows` rows (ne[1]) on ISA variant `isa`, or None.
+
+    A forced layout (argument, else $GGX_REPACK_LAYOUTS) wins when the rows divide by its group.
+    """
+    forced = forced_layouts() if forced is None else forced
+    if gtype in forced:
+        lay = forced[gtype]
+        return lay if nrows > 0 and nrows % lay.nrows == 0 else None
+    for t, isas, multiple, name in SELECTION:
+        if t is gtype and isa in isas and nrows > 0 and nrows % multiple == 0:
+            return LAYOUTS[name]
+    return None
+
+
+# --- the transform ------------------------------------------------------------------------------
+def interleave(q: np.ndarray, block: int) -> np.ndarray:
+    """(..., N, L) bytes -> (..., N*L): P[i] = Q[(i % (N*B)) // B, (i // (N*B)) * B + i % B]."""
+    *lead, n, length = q.shape
+    x = q.reshape(*lead, n, length // block, block)
+    return np.swapaxes(x, -3, -2).reshape(*lead, n * length)
+
+
+def deinterleave(p: np.ndarray, n: int, block: int) -> np.ndarray:
+    """The inverse of `interleave`: (..., N*L) -> (..., N, L)."""
+    *lead, total = p.shape
+    x = p.reshape(*lead, total // (n * block), n, block)
+    return np.swapaxes(x, -3, -2).reshape(*lead, n, total // n)
+
+
+def k4_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 12 packed bytes (..., 12) -> 6-bit scales and mins (..., 8) (ggml get_scale_min_k4)."""
+    s = scales.astype(np.uint8)
+    sc = np.empty(s.shape[:-1] + (8,), np.uint8)
+    mn = np.empty_like(sc)
+    sc[..., :4] = s[..., 0:4] & 63
+    mn[..., :4] = s[..., 4:8] & 63
+    sc[..., 4:] = (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def k4_pack_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """The inverse of `k4_scales_mins`: 6-bit scales and mins (..., 8) -> ggml's 12 bytes."""
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    s = np.empty(sc.shape[:-1] + (12,), np.uint8)
+    s[..., 0:4] = (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6)
+    s[..., 4:8] = (mn[..., :4] & 63) | ((mn[..., 4:] >> 4) << 6)
+    s[..., 8:12] = (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)
+    return s
+
+
+def _grouped(lay: Layout, raw: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
+    """ggml blocks as (mats, groups, block column, row in group) structured array."""
+    K, M = ne[0], ne[1]
+    mats = ne[2] * ne[3]
+    nbk = K // lay.gtype.block_size
+    if M % lay.nrows:
+        raise GGXShapeError(f"{lay.name}: {M} rows do not divide by its group of {lay.nrows}")
+    if raw.size != mats * M * nbk * lay.gtype.type_size:
+        raise GGXShapeError(f"{lay.name}: {raw.size} bytes given for a {lay.gtype.name} tensor of ne={list(ne)}")
+    blocks = np.ascontiguousarray(raw).view(lay.gtype.block_dtype).reshape(mats, M // lay.nrows, lay.nrows, nbk)
+    return blocks.transpose(0, 1, 3, 2)
+
+
+def _bytes(a: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8).reshape(*lead, -1)
+
+
+def repack(lay: Layout, raw: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
+    """ggml block bytes of a contiguous weight [K, M, E, 1] -> the bytes of layout `lay`."""
+    b = _grouped(lay, np.asarray(raw, dtype=np.uint8).reshape(-1), ne)
+    lead = b.shape[:3]
+    parts = [_bytes(b["d"], lead)]
+    if lay.gtype is GType.Q4_1:
+        parts.append(_bytes(b["m"], lead))
+    if lay.gtype is GType.Q4_K:
+        sc, mn = k4_scales_mins(b["scales"])  # (..., N, 8)
+        parts += [_bytes(b["dmin"], lead), _bytes(np.swapaxes(sc, -1, -2), lead), _bytes(np.swapaxes(mn, -1, -2), lead)]
+    qs = b["qs"].view(np.uint8)
+    parts.append(interleave(qs, lay.interleave) ^ np.uint8(lay.xor_mask))
+    return np.concatenate(parts, axis=-1).reshape(-1)
+
+
+def unpack(lay: Layout, packed: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
+    """The inverse of `repack`: the layout's bytes -> ggml block bytes (for tests and debugging)."""
+    K, M = ne[0], ne[1]
+    mats, n, nbk = ne[2] * ne[3], lay.nrows, K // lay.gtype.block_size
+    g = np.asarray(packed, dtype=np.uint8).reshape(mats, M // n, nbk, lay.group_bytes)
+    out = np.zeros((mats, M // n, nbk, n), lay.gtype.block_dtype)
+    f16 = np.dtype("<f2")
+    pos = 0
+
+    def take(nbytes: int) -> np.ndarray:
+        nonlocal pos
+        pos += nbytes
+        return np.ascontiguousarray(g[..., pos - nbytes: pos])
+
+    out["d"] = take(2 * n).view(f16)
+    if lay.gtype is GType.Q4_1:
+        out["m"] = take(2 * n).view(f16)
+    if lay.gtype is GType.Q4_K:
+        out["dmin"] = take(2 * n).view(f16)
+        sc = np.swapaxes(take(8 * n).reshape(*g.shape[:3], 8, n), -1, -2)
+        mn = np.swapaxes(take(8 * n).reshape(*g.shape[:3], 8, n), -1, -2)
+        out["scales"] = k4_pack_scales(sc, mn)
+    q = deinterleave(take(n * lay.quant_bytes) ^ np.uint8(lay.xor_mask), n, lay.interleave)
+    out["qs"] = q.view(out["qs"].dtype)
+    return np.ascontiguousarray(out.transpose(0, 1, 3, 2)).view(np.uint8).reshape(-1)
