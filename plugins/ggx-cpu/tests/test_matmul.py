@@ -97,6 +97,13 @@ def quantized_weights(gtype: GType, m: int, k: int, rng) -> tuple[np.ndarray, np
         h = bf16_bits(x)
         return h.view(np.uint8).reshape(-1), (h.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     qt = GGMLQuantizationType[gtype.name]
+    if gtype in (GType.Q4_K, GType.Q6_K):  # gguf cannot quantize these: random blocks, sane scales
+        blocks = np.frombuffer(rng.bytes(m * k // 256 * gtype.type_size), gtype.block_dtype).copy()
+        blocks["d"] = np.float16(0.01)
+        if gtype is GType.Q4_K:
+            blocks["dmin"] = np.float16(0.02)
+        raw = blocks.view(np.uint8).reshape(m, -1)
+        return raw.reshape(-1), quants.dequantize(raw, qt).astype(np.float64).reshape(m, k)
     raw = quants.quantize(x, qt)
     return raw.reshape(-1), quants.dequantize(raw, qt).astype(np.float64).reshape(m, k)
 
@@ -157,7 +164,7 @@ WEIGHT_TYPES = [GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q4_1, GType.
 def test_random_vs_oracle(a_type, n, variant):
     out, ref = run_mul_mat(a_type, 512, 11, n, n_threads=2, seed=n)
     # Q4_1 uses Q8_1's s = d * sum(q) stored as f16, like ggml: the oracle does not round it
-    assert nmse(out, ref) < (1e-6 if a_type is GType.Q4_1 else 1e-10)
+    assert nmse(out, ref) < (1e-5 if a_type is GType.Q4_1 else 1e-10)
 
 
 @pytest.mark.parametrize("a_type", [GType.Q4_0, GType.Q8_0, GType.F16], ids=lambda t: t.name)
@@ -198,7 +205,7 @@ def test_mul_mat_id_repeated_and_unused_experts(a_type, b_ne1, variant):
     for t in range(T):
         for e in range(n_used):
             ref = mats[sel[t, e]] @ act_values(x[t, e % b_ne1][None], a_type)[0]
-            assert nmse(out[t, e], ref) < 1e-10, (t, e)
+            assert nmse(out[t, e], ref) < (1e-5 if a_type is GType.Q4_1 else 1e-10), (t, e)
 
 
 # --- bad input never reaches a kernel ------------------------------------------------------------

@@ -47,8 +47,13 @@ def elems(t: Tensor, role: str, op: str) -> tuple[np.ndarray, int, Int4, Int4]:
     if off % size or any(nb % size for nb in t.nb):
         raise GGXUnsupported(f"{op}: {role} {t.describe()} (offset {off}, nb {list(t.nb)}) is not aligned to "
                              f"its {size}-byte elements")
+    if t.nb[0] == 0 and t.ne[0] > 1:
+        raise GGXUnsupported(f"{op}: {role} {t.describe()} repeats one element along ne0 (nb0 = 0)")
     arr = data[: data.size // size * size].view(dtype)
-    return arr, off // size, tuple(nb // size for nb in t.nb), tuple(int(x) for x in t.ne)
+    st = tuple(nb // size for nb in t.nb)
+    # a row of one element may have any nb0; kernels slice rows with step st[0], which must be > 0
+    st = (st[0] if t.ne[0] > 1 else 1,) + st[1:]
+    return arr, off // size, st, tuple(int(x) for x in t.ne)
 
 
 def need_type(t: Tensor, role: str, op: str, *allowed: GType) -> None:

@@ -84,55 +84,82 @@ def activate(code, x, table):
     return gelu_erf(x)
 
 
+@njit(cache=True, inline="always")
+def _unary_row(code, s, b, table, x, y):
+    if code == SCALE:
+        for i in range(x.size):
+            y[i] = x[i] * s + b
+    else:
+        for i in range(x.size):
+            y[i] = activate(code, x[i], table)
+
+
 @njit(cache=True, parallel=True)
 def unary_kernel(code, s, b, table, x, xo, xs, ne, y, yo, ys):
-    """y = f(x) elementwise over ne; SCALE: y = x*s + b."""
-    n1, n2 = ne[1], ne[2]
+    """y = f(x) elementwise over ne; SCALE: y = x*s + b. Rows are passed on as 1-D slices,
+    unit-stride ones separately so that LLVM vectorizes them."""
+    n0, n1, n2 = ne[0], ne[1], ne[2]
     for r in prange(ne[1] * ne[2] * ne[3]):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
-        if code == SCALE:
-            for i in range(ne[0]):
-                y[yb + i * ys[0]] = x[xb + i * xs[0]] * s + b
+        if xs[0] == 1 and ys[0] == 1:
+            _unary_row(code, s, b, table, x[xb: xb + n0], y[yb: yb + n0])
         else:
-            for i in range(ne[0]):
-                y[yb + i * ys[0]] = activate(code, x[xb + i * xs[0]], table)
+            _unary_row(code, s, b, table, x[xb: xb + (n0 - 1) * xs[0] + 1: xs[0]],
+                       y[yb: yb + (n0 - 1) * ys[0] + 1: ys[0]])
+
+
+@njit(cache=True, inline="always")
+def _binary_row(code, a, b, d):
+    if code == ADD:
+        for i in range(d.size):
+            d[i] = a[i] + b[i]
+    else:
+        for i in range(d.size):
+            d[i] = a[i] * b[i]
 
 
 @njit(cache=True, parallel=True)
 def binary_kernel(code, a, ao, as_, ne, b, bo, bs, bne, d, do, ds):
     """d = a (op) b with b repeated over a: b index = i % b.ne per dim."""
-    n1, n2 = ne[1], ne[2]
+    n0, n1, n2 = ne[0], ne[1], ne[2]
     for r in prange(ne[1] * ne[2] * ne[3]):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         ab = ao + i1 * as_[1] + i2 * as_[2] + i3 * as_[3]
         bb = bo + (i1 % bne[1]) * bs[1] + (i2 % bne[2]) * bs[2] + (i3 % bne[3]) * bs[3]
         db = do + i1 * ds[1] + i2 * ds[2] + i3 * ds[3]
-        if bne[0] == ne[0]:
-            if code == ADD:
-                for i in range(ne[0]):
-                    d[db + i * ds[0]] = a[ab + i * as_[0]] + b[bb + i * bs[0]]
-            else:
-                for i in range(ne[0]):
-                    d[db + i * ds[0]] = a[ab + i * as_[0]] * b[bb + i * bs[0]]
+        if bne[0] == n0 and as_[0] == 1 and bs[0] == 1 and ds[0] == 1:
+            _binary_row(code, a[ab: ab + n0], b[bb: bb + n0], d[db: db + n0])
+        elif bne[0] == n0:
+            _binary_row(code, a[ab: ab + (n0 - 1) * as_[0] + 1: as_[0]], b[bb: bb + (n0 - 1) * bs[0] + 1: bs[0]],
+                        d[db: db + (n0 - 1) * ds[0] + 1: ds[0]])
         else:
-            for i in range(ne[0]):
+            for i in range(n0):
                 bv = b[bb + (i % bne[0]) * bs[0]]
                 d[db + i * ds[0]] = a[ab + i * as_[0]] + bv if code == ADD else a[ab + i * as_[0]] * bv
+
+
+@njit(cache=True, inline="always")
+def _glu_row(code, table, g, u, d):
+    for i in range(d.size):
+        d[i] = activate(code, g[i], table) * u[i]
 
 
 @njit(cache=True, parallel=True)
 def glu_kernel(code, table, g, go, gs, u, uo, us, ne, d, do, ds):
     """d = act(gate) * up; gate and up are separate operands (fused rows pass shifted offsets)."""
-    n1, n2 = ne[1], ne[2]
+    n0, n1, n2 = ne[0], ne[1], ne[2]
     for r in prange(ne[1] * ne[2] * ne[3]):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         gb = go + i1 * gs[1] + i2 * gs[2] + i3 * gs[3]
         ub = uo + i1 * us[1] + i2 * us[2] + i3 * us[3]
         db = do + i1 * ds[1] + i2 * ds[2] + i3 * ds[3]
-        for i in range(ne[0]):
-            d[db + i * ds[0]] = activate(code, g[gb + i * gs[0]], table) * u[ub + i * us[0]]
+        if gs[0] == 1 and us[0] == 1 and ds[0] == 1:
+            _glu_row(code, table, g[gb: gb + n0], u[ub: ub + n0], d[db: db + n0])
+        else:
+            _glu_row(code, table, g[gb: gb + (n0 - 1) * gs[0] + 1: gs[0]], u[ub: ub + (n0 - 1) * us[0] + 1: us[0]],
+                     d[db: db + (n0 - 1) * ds[0] + 1: ds[0]])
 
 
 _NO_TABLE = np.zeros(1, np.float32)

@@ -12,6 +12,33 @@ from .common import elems, need_ne, need_srcs, need_type
 RMS, MEAN_VAR = 0, 1
 
 
+@njit(cache=True, inline="always")
+def _norm_row(code, eps, x, y):
+    n0 = x.size
+    if code == RMS:
+        acc = 0.0
+        for i in range(n0):
+            acc += np.float64(x[i] * x[i])
+        mean = np.float32(acc / n0)
+        sc = np.float32(1.0) / np.float32(np.sqrt(mean + eps))
+        for i in range(n0):
+            y[i] = x[i] * sc
+    else:
+        acc = 0.0
+        for i in range(n0):
+            acc += np.float64(x[i])
+        mean = np.float32(acc / n0)
+        acc2 = 0.0
+        for i in range(n0):
+            v = x[i] - mean
+            y[i] = v
+            acc2 += np.float64(v * v)
+        var = np.float32(acc2 / n0)
+        sc = np.float32(1.0) / np.float32(np.sqrt(var + eps))
+        for i in range(n0):
+            y[i] *= sc
+
+
 @njit(cache=True, parallel=True)
 def norm_kernel(code, eps, x, xo, xs, ne, y, yo, ys):
     """RMS: y = x / sqrt(mean(x^2) + eps).  MEAN_VAR: y = (x - mean) / sqrt(mean((x - mean)^2) + eps)."""
@@ -20,29 +47,10 @@ def norm_kernel(code, eps, x, xo, xs, ne, y, yo, ys):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
-        if code == RMS:
-            acc = 0.0
-            for i in range(n0):
-                v = x[xb + i * xs[0]]
-                acc += np.float64(v * v)
-            mean = np.float32(acc / n0)
-            sc = np.float32(1.0) / np.float32(np.sqrt(mean + eps))
-            for i in range(n0):
-                y[yb + i * ys[0]] = x[xb + i * xs[0]] * sc
+        if xs[0] == 1 and ys[0] == 1:  # unit-stride slices vectorize
+            _norm_row(code, eps, x[xb: xb + n0], y[yb: yb + n0])
         else:
-            acc = 0.0
-            for i in range(n0):
-                acc += np.float64(x[xb + i * xs[0]])
-            mean = np.float32(acc / n0)
-            acc2 = 0.0
-            for i in range(n0):
-                v = x[xb + i * xs[0]] - mean
-                y[yb + i * ys[0]] = v
-                acc2 += np.float64(v * v)
-            var = np.float32(acc2 / n0)
-            sc = np.float32(1.0) / np.float32(np.sqrt(var + eps))
-            for i in range(n0):
-                y[yb + i * ys[0]] *= sc
+            _norm_row(code, eps, x[xb: xb + (n0 - 1) * xs[0] + 1: xs[0]], y[yb: yb + (n0 - 1) * ys[0] + 1: ys[0]])
 
 
 def _norm(node: Tensor, code: int) -> None:

@@ -32,6 +32,26 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
                     m1 ** (2 * (h - n_head_log2) + 1).astype(np.float32)).astype(np.float32)
 
 
+@njit(cache=True, inline="always")
+def _softmax_row(scale, slope, has_mask, x, m, y):
+    n0 = x.size
+    vmax = np.float32(-np.inf)
+    for i in range(n0):
+        w = x[i] * scale
+        if has_mask:
+            w += slope * as_f32(m[i])
+        y[i] = w
+        vmax = max(vmax, w)
+    acc = 0.0
+    for i in range(n0):
+        e = np.float32(math.exp(y[i] - vmax))
+        y[i] = e
+        acc += np.float64(e)
+    inv = np.float32(1.0 / acc)
+    for i in range(n0):
+        y[i] *= inv
+
+
 @njit(cache=True, parallel=True)
 def softmax_kernel(scale, slopes, has_mask, x, xo, xs, ne, m, mo, ms, mne, y, yo, ys):
     n0, n1, n2 = ne[0], ne[1], ne[2]
@@ -40,22 +60,11 @@ def softmax_kernel(scale, slopes, has_mask, x, xo, xs, ne, m, mo, ms, mne, y, yo
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
         mb = mo + i1 * ms[1] + (i2 % mne[2]) * ms[2] + (i3 % mne[3]) * ms[3]
-        slope = slopes[i2]
-        vmax = np.float32(-np.inf)
-        for i in range(n0):
-            w = x[xb + i * xs[0]] * scale
-            if has_mask:
-                w += slope * as_f32(m[mb + i * ms[0]])
-            y[yb + i * ys[0]] = w
-            vmax = max(vmax, w)
-        acc = 0.0
-        for i in range(n0):
-            e = np.float32(math.exp(y[yb + i * ys[0]] - vmax))
-            y[yb + i * ys[0]] = e
-            acc += np.float64(e)
-        inv = np.float32(1.0 / acc)
-        for i in range(n0):
-            y[yb + i * ys[0]] *= inv
+        if xs[0] == 1 and ys[0] == 1 and ms[0] == 1:  # unit-stride slices vectorize
+            _softmax_row(scale, slopes[i2], has_mask, x[xb: xb + n0], m[mb: mb + n0], y[yb: yb + n0])
+        else:
+            _softmax_row(scale, slopes[i2], has_mask, x[xb: xb + (n0 - 1) * xs[0] + 1: xs[0]],
+                         m[mb: mb + (n0 - 1) * ms[0] + 1: ms[0]], y[yb: yb + (n0 - 1) * ys[0] + 1: ys[0]])
 
 
 def soft_max(node: Tensor, n_threads: int) -> None:
@@ -77,6 +86,6 @@ def soft_max(node: Tensor, n_threads: int) -> None:
     elif p.max_bias > 0:
         raise GGXShapeError("SOFT_MAX: max_bias (ALiBi) needs a mask")
     else:
-        m, mo, ms, mne = x, 0, (0, 0, 0, 0), (1, 1, 1, 1)
+        m, mo, ms, mne = x, 0, (1, 0, 0, 0), (1, 1, 1, 1)  # never read
     slopes = alibi_slopes(a.ne[2], p.max_bias)
     softmax_kernel(np.float32(p.scale), slopes, mask is not None, x, xo, xs, ne, m, mo, ms, mne, y, yo, ys)
