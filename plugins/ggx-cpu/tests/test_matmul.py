@@ -274,9 +274,10 @@ def test_quantize_act_matches_gguf(gtype):
     back = quants.dequantize(blocks, GGMLQuantizationType[gtype.name]).reshape(x.shape)
     per = gtype.block_size
     np.testing.assert_allclose(back, (act.qs.reshape(-1, per) * act.d[:, None]).reshape(x.shape), rtol=1e-3)
-    # within half a step of the input, and the all-zero block stays zero
+    # within half a step of the input (plus the f16 rounding of d, which q does not see, as in
+    # ggml: 127 * 2**-11 steps), and the all-zero block stays zero
     step = np.repeat(np.abs(act.d), per).reshape(x.shape)
-    assert np.all(np.abs(back - x) <= 0.5 * step * (1 + 1e-3) + 1e-3 * step)
+    assert np.all(np.abs(back - x) <= 0.57 * step)
     assert np.all(back[1, :32] == 0)
     if gtype is not GType.Q8_K:  # ours rounds half to even like ggml's AVX path; gguf away from zero
         ref = quants.quantize(x, GGMLQuantizationType[gtype.name]).view(gtype.block_dtype)
