@@ -33,6 +33,7 @@ import ggx  # noqa: E402
 from ggx.host import HostBufferType  # noqa: E402
 from ggx.types import GType  # noqa: E402
 from ggx_cpu import isa  # noqa: E402
+from ggx_cpu.isa.simd import fma_f32x8, hsum_f32x8, load_f32x8, splat_f32x8, zero_f32x8  # noqa: E402
 from ggx_cpu.kernels import matmul  # noqa: E402
 
 TYPES = [GType.Q4_0, GType.Q4_1, GType.Q8_0, GType.F16]
@@ -41,17 +42,20 @@ CACHE_DEFEAT_BYTES = 512 << 20
 
 @njit(parallel=True, cache=True)
 def _read_sum(a, nchunks):
-    """Sum of a float32 array with 16 per-lane accumulators per chunk (vectorized reads)."""
+    """Sum of a float32 array: 4 independent 8-lane vector accumulators per chunk."""
     n = a.shape[0]
     out = np.zeros(nchunks, np.float32)
     for c in prange(nchunks):
         lo = c * n // nchunks
         hi = (c + 1) * n // nchunks
-        acc = np.zeros(16, np.float32)
-        for i in range(lo, hi - 15, 16):
-            for j in range(16):
-                acc[j] += a[i + j]
-        out[c] = acc.sum()
+        one = splat_f32x8(np.float32(1.0))
+        s0 = s1 = s2 = s3 = zero_f32x8()
+        for i in range(lo, hi - 31, 32):
+            s0 = fma_f32x8(s0, load_f32x8(a, i), one)
+            s1 = fma_f32x8(s1, load_f32x8(a, i + 8), one)
+            s2 = fma_f32x8(s2, load_f32x8(a, i + 16), one)
+            s3 = fma_f32x8(s3, load_f32x8(a, i + 24), one)
+        out[c] = hsum_f32x8(s0) + hsum_f32x8(s1) + hsum_f32x8(s2) + hsum_f32x8(s3)
     return out.sum()
 
 
@@ -190,7 +194,7 @@ def main() -> None:
     shapes = [(4096, 4096)] if args.quick else [(4096, 4096), (14336, 4096)]
     threads = [int(t) for t in args.threads.split(",")]
     print(f"ggx-cpu mul_mat, ISA variant {isa.active()} (available: {', '.join(isa.available())}), "
-          f"CPU {isa.cpu_name()}, numba threading layer after first call")
+          f"CPU {isa.cpu_name()}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if not args.no_startup:
         print("start-up, ISA", isa.active())
         startup()

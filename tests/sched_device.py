@@ -93,26 +93,43 @@ class TestBufferType(BufferType):
 
 
 class TestEvent(Event):
-    """Set by the recording stream's worker once the work queued before it is done."""
-
-    __test__ = False  # not a pytest test class
+    """Completes when the recording stream's worker reaches it. As with CUDA events, a wait
+    refers to the most recent `record` at the time of the wait, not to later ones."""
 
     __test__ = False  # not a pytest test class
 
     def __init__(self) -> None:
-        self._done = threading.Event()
-        self._done.set()  # a never-recorded event is complete (as CUDA's)
+        self._cond = threading.Condition()
+        self._recorded = 0  # generation of the latest record
+        self._done = 0  # latest generation the stream has reached
 
     def record(self, backend: Backend) -> None:
+        with self._cond:
+            self._recorded += 1
+            gen = self._recorded
         if isinstance(backend, TestBackend):
-            self._done.clear()
-            backend.enqueue(self._done.set, essential=True)
+            backend.enqueue(lambda: self._reach(gen), essential=True)
         else:
             backend.synchronize()
-            self._done.set()
+            self._reach(gen)
+
+    def _reach(self, gen: int) -> None:
+        with self._cond:
+            self._done = max(self._done, gen)
+            self._cond.notify_all()
+
+    def waiter(self) -> Callable[[], None]:
+        """A function that blocks until the record current now has completed."""
+        with self._cond:
+            target = self._recorded
+
+        def wait() -> None:
+            with self._cond:
+                self._cond.wait_for(lambda: self._done >= target)
+        return wait
 
     def synchronize(self) -> None:
-        self._done.wait()
+        self.waiter()()
 
 
 class TestDevice(Device):
@@ -203,7 +220,8 @@ class TestBackend(Backend):
             raise e
 
     def event_wait(self, event: Event) -> None:
-        self.enqueue(event.synchronize, essential=True)
+        wait = event.waiter() if isinstance(event, TestEvent) else event.synchronize
+        self.enqueue(wait, essential=True)
 
     # --- data movement ----------------------------------------------------------------------
     def _device_buffer(self, t: Tensor) -> TestBuffer:

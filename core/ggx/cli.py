@@ -16,7 +16,7 @@ from . import __version__
 from .errors import GGXError
 
 #: Module names under ggx.commands, in the order `ggx --help` lists them.
-COMMANDS: tuple[str, ...] = ("devices", "run", "bench", "test_ops", "new_plugin")
+COMMANDS: tuple[str, ...] = ("devices", "run", "bench", "test_ops", "new_plugin", "graph")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,10 +8,12 @@ import numpy as np
 from .backend import Backend, Buffer, BufferType, Device
 from .errors import GGXShapeError, GGXUnsupported
 from .graph import Graph, build_graph
+from .sched import Scheduler
 from .tensor import Tensor, TensorFlag
 from .types import GType
 
 _backends: dict[int, Backend] = {}
+_schedulers: dict[int, Scheduler] = {}
 
 
 def resolve_device(device: Device | str | None) -> Device:
@@ -30,6 +32,20 @@ def backend_for(device: Device) -> Backend:
     if be is None:
         be = _backends[id(device)] = device.init_backend()
     return be
+
+
+def scheduler_for(device: Device) -> Scheduler:
+    """One cached scheduler per device: its stream, plus a host stream when it is not a host device
+    (ops the device does not support fall back there)."""
+    sched = _schedulers.get(id(device))
+    if sched is None:
+        backends = [backend_for(device)]
+        if not device.buffer_type().is_host:
+            from .placement import host_device
+
+            backends.append(backend_for(host_device()))
+        sched = _schedulers[id(device)] = Scheduler(backends)
+    return sched
 
 
 def to_raw(t: Tensor, value: np.ndarray) -> np.ndarray:
@@ -111,7 +127,6 @@ def compute(outputs: Sequence[Tensor] | Tensor, inputs: Mapping[Tensor, np.ndarr
     outs = [outputs] if single else list(outputs)
     inputs = dict(inputs or {})
     dev = resolve_device(device)
-    backend = backend_for(dev)
     graph: Graph = build_graph(outs)
     buft = dev.buffer_type()
     for t in inputs:
@@ -131,8 +146,6 @@ def compute(outputs: Sequence[Tensor] | Tensor, inputs: Mapping[Tensor, np.ndarr
     for t, value in inputs.items():
         t.flags |= TensorFlag.INPUT
         set_tensor_data(t, value)
-    roots = [t for t in graph.nodes if t.view_src is None]
-    _alloc(buft, roots)
-    backend.graph_compute(graph)
-    backend.synchronize()
+    # intermediate tensors are placed by the scheduler's allocator (memory reused across nodes)
+    scheduler_for(dev).graph_compute(graph)
     return [get_tensor_data(t) for t in outs]

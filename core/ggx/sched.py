@@ -228,8 +228,28 @@ class Scheduler:
         self.cur_copy = (c + 1) % self.n_copies
 
     def synchronize(self) -> None:
+        """Wait for every backend; a failure of queued work surfaces here as SchedComputeError."""
+        first: GGXError | None = None
         for b in self.backends:
-            b.synchronize()
+            try:
+                self._sync_backend(b)
+            except GGXError as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+    def _sync_backend(self, be: Backend) -> None:
+        try:
+            be.synchronize()
+        except GGXError:
+            raise
+        except Exception as e:
+            plan = self._plan
+            node = getattr(e, "node", None)
+            if node is not None and plan is not None:
+                node = plan.clones.get(id(node), node)
+            where = f" computing node {node.describe()} ({node.op.name})" if node is not None else ""
+            raise SchedComputeError(f"backend {be.name} failed{where}: {type(e).__name__}: {e}", node, be) from e
 
     def backend_of(self, tensor: Tensor) -> Backend | None:
         """The backend a tensor of the last graph was assigned to (None if it was not in it)."""
@@ -578,7 +598,7 @@ class Scheduler:
         if ev is not None:
             ev.synchronize()
         else:
-            self.backends[b].synchronize()
+            self._sync_backend(self.backends[b])
 
     def _copy_input(self, plan: _Plan, b: int, k: int, p: int, inp: Tensor, c: int) -> None:
         be = self.backends[b]
@@ -595,14 +615,14 @@ class Scheduler:
         if ev is not None:
             be.event_wait(ev)  # the split backend must be done with the previous use of this copy
         else:
-            be.synchronize()
+            self._sync_backend(be)
         if self.copy_callback is not None and is_host_weight(inp) \
                 and self.copy_callback(be, inp, dst, plan.split_graphs[c][k]):
             st.n_callback_copies += 1
             return
         src_be = self.backends[plan.backend_of[p]]
         if not be.cpy_tensor_async(src_be, inp, dst):
-            src_be.synchronize()
+            self._sync_backend(src_be)
             self._sync_event(b, c)
             tensor_copy(inp, dst)
         st.n_copies += 1
@@ -625,10 +645,7 @@ class Scheduler:
                 t = plan.clones.get(id(nodes[j1]), nodes[j1])
                 need = cb(t, True)
             self._guarded(be, Graph(nodes[j0:j1 + 1], []), plan)
-            try:
-                be.synchronize()
-            except Exception as e:
-                raise self._error(be, g, plan, e) from e
+            self._sync_backend(be)
             if need and not cb(t, False):
                 return False
             j0 = j1 + 1
@@ -638,10 +655,15 @@ class Scheduler:
         try:
             be.graph_compute(g)
         except Exception as e:
-            raise self._error(be, g, plan, e) from e
+            err = self._error(be, g, plan, e)
+            if err is e:
+                raise
+            raise err from e
 
     @staticmethod
-    def _error(be: Backend, g: Graph, plan: _Plan, e: Exception) -> SchedComputeError:
+    def _error(be: Backend, g: Graph, plan: _Plan, e: Exception) -> Exception:
+        """A SchedComputeError naming the node; a GGXError (a clear error already) keeps its type
+        and gets the node as a note."""
         node = getattr(e, "node", None)
         if node is None and len(g.nodes) == 1:
             node = g.nodes[0]
@@ -651,6 +673,9 @@ class Scheduler:
         else:
             names = [plan.clones.get(id(n), n) for n in g.nodes if not n.op.is_view]
             where = "one of nodes " + ", ".join(n.describe() for n in names[:8]) + (" ..." if len(names) > 8 else "")
+        if isinstance(e, GGXError):
+            e.add_note(f"(backend {be.name}, computing {where})")
+            return e
         return SchedComputeError(f"backend {be.name} failed computing {where}: {type(e).__name__}: {e}", node, be)
 
     def _recover(self) -> None:

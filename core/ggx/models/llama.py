@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from ..graph import Context
-from ..ops import RopeMode
+from ..ops import Prec, RopeMode
 from ..tensor import Tensor, TensorFlag
 from ..types import GType
 from .hparams import LlamaHParams
@@ -92,7 +92,8 @@ def _attention(ctx: Context, hp: LlamaHParams, q: Tensor, k_cache: Tensor, v_cac
     v = ctx.view(v_cache, [D, n_kv, hp.n_head_kv], [row, D * v_cache.type.type_size])
     q = ctx.permute(q, 0, 2, 1, 3)  # [D, T, n_head]
     if flash_attn:
-        out = ctx.flash_attn_ext(q, k, v, mask, scale)  # [D, n_head, T]
+        # F32 accumulation, as llama.cpp asks for every model (backends may honour it or not)
+        out = ctx.flash_attn_ext(q, k, v, mask, scale, prec=Prec.F32)  # [D, n_head, T]
         return ctx.reshape(out, [hp.n_embd, n_tokens])
     kq = ctx.soft_max(ctx.mul_mat(k, q), mask, scale)  # [KV, T, n_head]
     v_t = ctx.cont(ctx.transpose(v))  # [KV, D, n_head_kv]: rows over slots for the second product

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import GGXShapeError
-from ..graph import Context
+from ..graph import Context, Graph, build_graph
 from ..tensor import Tensor
 from .gguf_file import GGUFFile
 from .hparams import LlamaHParams
 from .kv_cache import KVCache
-from .llama import build_llama
+from .llama import LlamaInputs, build_llama
 from .runner import Runner
 from .sampling import sample
 from .tokenizer import Tokenizer
@@ -73,6 +73,7 @@ class Model:
         self.cache = KVCache(self.hp.n_layer, self.hp.n_embd_kv, self.n_ctx, self.runner.compute_buffer_type())
         eos = self.tokenizer.eos_id
         self.eog_ids = {eos} if eos is not None else set()
+        self._decode_graphs: dict[tuple, tuple[Graph, Tensor, LlamaInputs]] = {}
         self.stats = Stats(load_s=time.perf_counter() - t0)
 
     # --- text ---------------------------------------------------------------------------------
@@ -117,18 +118,33 @@ class Model:
         n_tokens = int(batch.size)
         n_kv = self.cache.n_kv_for(self.cache.n_past + n_tokens)
         n_out = n_tokens if all_rows else 1
-        t0 = time.perf_counter()
-        ctx = Context()
-        logits, inp = build_llama(ctx, self.hp, self.weights, self.cache, n_tokens, n_kv, n_out, self.flash_attn)
-        self.runner.timings["build_llama (Context ops)"] += time.perf_counter() - t0
+        graph, logits, inp = self._graph(n_tokens, n_kv, n_out)
         pos, kv_idx, mask = self.cache.batch_inputs(n_tokens, n_kv)
         data: dict[Tensor, np.ndarray] = {inp.tokens: batch.astype(np.int32), inp.pos: pos, inp.kv_idx: kv_idx,
                                           inp.mask: mask}
         if inp.out_ids is not None:
             data[inp.out_ids] = np.array([n_tokens - 1], dtype=np.int32)
-        (result,) = self.runner.run([logits], data)
+        (result,) = self.runner.run(graph, [logits], data)
         self.cache.n_past += n_tokens
         return result.reshape(n_out, self.n_vocab).astype(np.float32, copy=False) if need else None
+
+    def _graph(self, n_tokens: int, n_kv: int, n_out: int) -> tuple[Graph, Tensor, LlamaInputs]:
+        """The batch graph: built in a fresh Context, except that single-token (decode) graphs are
+        kept per KV bucket, so a decode loop submits the very same graph and skips rebuilding it
+        (the scheduler would reuse its plan for an equal rebuilt graph too; this saves the build)."""
+        key = (n_tokens, n_kv, n_out, self.flash_attn)
+        hit = self._decode_graphs.get(key)
+        if hit is not None:
+            return hit
+        t0 = time.perf_counter()
+        logits, inp = build_llama(Context(), self.hp, self.weights, self.cache, n_tokens, n_kv, n_out, self.flash_attn)
+        graph = build_graph([logits])
+        self.runner.timings["build_llama + build_graph"] += time.perf_counter() - t0
+        if n_tokens == 1:
+            if len(self._decode_graphs) >= 8:
+                self._decode_graphs.clear()
+            self._decode_graphs[key] = (graph, logits, inp)
+        return graph, logits, inp
 
     # --- generation -----------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.0,

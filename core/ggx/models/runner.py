@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .. import placement
 from ..backend import Backend, BufferType, Device
 from ..compute import get_tensor_data, to_raw
 from ..errors import GGXUnsupported
-from ..graph import build_graph
+from ..graph import Graph
 from ..sched import MoeExpertUpload, Scheduler
 from ..tensor import Tensor
 
@@ -31,17 +32,6 @@ def resolve_devices(devices: Sequence[str | Device] | None) -> list[Device]:
     found = registry.devices()
     preferred = [d for d in found if d.name != REF_DEVICE]
     return preferred or found
-
-
-def host_device() -> Device:
-    """The device whose memory is host memory: the CPU plugin's, else the reference backend."""
-    from .. import registry
-
-    hosts = [d for d in registry.devices() if d.buffer_type().is_host]
-    preferred = [d for d in hosts if d.name != REF_DEVICE]
-    if not (preferred or hosts):
-        raise GGXUnsupported("no host device: install ggx-cpu (the reference backend is built in)")
-    return (preferred or hosts)[0]
 
 
 def set_n_threads(backend: Backend, n_threads: int) -> bool:
@@ -63,7 +53,7 @@ class Runner:
         if not self.devices:
             raise GGXUnsupported("no device to run the model on")
         if not self.devices[-1].buffer_type().is_host:
-            self.devices.append(host_device())  # the scheduler's last backend runs what nothing else can
+            self.devices.append(placement.host_device())  # the scheduler's last backend runs what nothing else can
         self.backends = [d.init_backend() for d in self.devices]
         self.n_threads = None
         if n_threads:
@@ -74,6 +64,7 @@ class Runner:
         self.copy_callback = MoeExpertUpload() if moe else None
         self.sched = Scheduler(self.backends, copy_callback=self.copy_callback)
         self.last_splits = 1
+        self._last_graph: Graph | None = None
         self.timings: dict[str, float] = defaultdict(float)  # seconds, accumulated (`ggx bench --profile`)
 
     def set_n_threads(self, n_threads: int) -> None:
@@ -84,19 +75,11 @@ class Runner:
     # --- placement ----------------------------------------------------------------------------
     def _buft_list(self) -> list[BufferType]:
         """Buffer types in priority order for weights: ggx.placement's list for the first device."""
-        try:
-            from .. import placement
-        except ImportError:
-            return [self.devices[0].buffer_type()]
-        return list(placement.buft_list(self.devices[0]))
+        return placement.buft_list(self.devices[0], host=self.devices[-1])
 
-    def weight_buffer_type(self, op: Tensor) -> BufferType:
-        """The buffer type for weight op.src[0] (ggml's select_buft over the buffer-type list)."""
-        try:
-            from .. import placement
-        except ImportError:
-            return self._bufts[0]
-        return placement.select_buft(self._bufts, op)
+    def weight_buffer_type(self, weight: Tensor, op: Tensor) -> BufferType:
+        """The buffer type for `weight`, read by `op` (ggml's select_buft over the buffer-type list)."""
+        return placement.select_buft(weight, op, self._bufts)
 
     def compute_buffer_type(self) -> BufferType:
         return self.devices[0].buffer_type()
@@ -106,14 +89,18 @@ class Runner:
         return self.devices[-1].buffer_type()
 
     # --- running ------------------------------------------------------------------------------
-    def run(self, outputs: Sequence[Tensor], data: Mapping[Tensor, np.ndarray]) -> list[np.ndarray]:
-        """Compute `outputs` with the input leaves set to `data`; numpy results (order = ne reversed)."""
+    def run(self, graph: Graph, outputs: Sequence[Tensor], data: Mapping[Tensor, np.ndarray]) -> list[np.ndarray]:
+        """Compute `graph` with its input leaves set to `data`; `outputs` as numpy (order = ne reversed).
+
+        The scheduler places the graph (alloc_graph) before the inputs are written, except when
+        the very graph it ran last comes back: its tensors are still placed where the reused plan
+        puts them, and graph_compute places it again anyway.
+        """
         tm = self.timings
-        t0 = time.perf_counter()
-        graph = build_graph(list(outputs))
         t1 = time.perf_counter()
-        tm["build_graph"] += t1 - t0
-        self.sched.alloc_graph(graph)
+        if graph is not self._last_graph:
+            self.sched.alloc_graph(graph)
+            self._last_graph = graph
         t2 = time.perf_counter()
         for t, value in data.items():
             t.data_buffer.set_tensor(t, to_raw(t, value), 0)

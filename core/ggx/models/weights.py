@@ -9,10 +9,9 @@ weights (repack) see the whole tensor at offset 0.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
-from ..backend import Buffer, BufferType, BufferUsage
+from ..backend import Buffer, BufferType
 from ..graph import Context
+from ..placement import alloc_weights
 from ..tensor import Tensor, TensorFlag
 from ..types import GType
 from .gguf_file import GGUFFile
@@ -46,7 +45,7 @@ def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner, progress: bool =
     offloaded to an accelerator then gets only the experts it uses, through the copy callback.
     """
     weights: dict[str, Tensor] = {}
-    by_buft: dict[BufferType, list[Tensor]] = defaultdict(list)
+    placed: list[tuple[Tensor, BufferType]] = []
     for name, ne in hp.expected_tensors().items():
         info = f.tensor(name)
         t = Tensor(info.type, ne, name=name)
@@ -55,9 +54,9 @@ def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner, progress: bool =
         if host_experts and name.endswith("_exps.weight"):
             buft = runner.host_buffer_type()
         else:
-            buft = runner.weight_buffer_type(representative_op(t, name, hp))
-        by_buft[buft].append(t)
-    buffers = [_alloc(buft, ts) for buft, ts in by_buft.items()]
+            buft = runner.weight_buffer_type(t, representative_op(t, name, hp))
+        placed.append((t, buft))
+    buffers = alloc_weights(placed)
     total = sum(f.tensor(n).nbytes for n in weights)
     with _progress(progress, total, f"loading {len(weights)} tensors") as advance:
         for name, t in weights.items():
@@ -65,21 +64,6 @@ def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner, progress: bool =
             t.buffer.set_tensor(t, info.data, 0)
             advance(info.nbytes)
     return weights, buffers
-
-
-def _alloc(buft: BufferType, tensors: list[Tensor]) -> Buffer:
-    align = buft.alignment
-    offsets, size = [], 0
-    for t in tensors:
-        size = (size + align - 1) // align * align
-        offsets.append(size)
-        size += buft.get_alloc_size(t)
-    buf = buft.alloc_buffer(max(size, 1))
-    buf.usage = BufferUsage.WEIGHTS
-    for t, off in zip(tensors, offsets):
-        t.buffer, t.offset = buf, off
-        buf.init_tensor(t)
-    return buf
 
 
 class _progress:

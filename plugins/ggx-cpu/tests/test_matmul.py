@@ -262,30 +262,36 @@ def test_mul_mat_id_rejects_out_of_range_ids():
 
 # --- activation quantization --------------------------------------------------------------------
 @pytest.mark.parametrize("gtype", [GType.Q8_0, GType.Q8_1, GType.Q8_K], ids=lambda t: t.name)
-def test_quantize_act_matches_gguf(gtype):
-    from gguf import GGMLQuantizationType, quants
-
+def test_quantize_act_blocks(gtype):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 512)).astype(np.float32)
-    x[1, :32] = 0.0  # an all-zero block
+    x[1, :256] = 0.0  # an all-zero block
     act = quantize_act(x, gtype)
     blocks = to_blocks(act)
     assert blocks.size == x.size // gtype.block_size * gtype.type_size
-    back = quants.dequantize(blocks, GGMLQuantizationType[gtype.name]).reshape(x.shape)
+    blk = blocks.view(gtype.block_dtype)
     per = gtype.block_size
-    np.testing.assert_allclose(back, (act.qs.reshape(-1, per) * act.d[:, None]).reshape(x.shape), rtol=1e-3)
-    # within half a step of the input (plus the f16 rounding of d, which q does not see, as in
-    # ggml: 127 * 2**-11 steps), and the all-zero block stays zero
-    step = np.repeat(np.abs(act.d), per).reshape(x.shape)
+    qs = blk["qs"].astype(np.int64)
+    d = blk["d"].astype(np.float64)
+    back = (qs * d[:, None]).reshape(x.shape)
+    # within half a step of the input (plus, for f16 d, its rounding, which q does not see, as
+    # in ggml: 127 * 2**-11 steps); the all-zero block stays zero
+    step = np.repeat(np.abs(d), per).reshape(x.shape)
     assert np.all(np.abs(back - x) <= 0.57 * step)
-    assert np.all(back[1, :32] == 0)
-    if gtype is not GType.Q8_K:  # ours rounds half to even like ggml's AVX path; gguf away from zero
-        ref = quants.quantize(x, GGMLQuantizationType[gtype.name]).view(gtype.block_dtype)
-        assert np.mean(ref["qs"].reshape(-1) == act.qs) > 0.99
-        np.testing.assert_array_equal(ref["d"].reshape(-1), act.d.astype(np.float16))
-    sums = act.s4.reshape(-1)
+    assert np.all(back[1, :256] == 0)
+    if gtype is GType.Q8_1:
+        np.testing.assert_allclose(blk["s"].astype(np.float64), d * qs.sum(axis=1), rtol=2e-3, atol=1e-3)
+    if gtype is GType.Q8_K:
+        np.testing.assert_array_equal(blk["bsums"], qs.reshape(-1, 16, 16).sum(axis=2))
+        assert np.all(qs.min(axis=1)[d != 0] == -127)  # the largest |x| maps to -127 (ggml's ref)
+    if gtype is GType.Q8_0:  # gguf rounds half away from zero, ggml's AVX path (and ours) to even
+        from gguf import GGMLQuantizationType, quants
+
+        ref = quants.quantize(x, GGMLQuantizationType.Q8_0).reshape(-1).view(gtype.block_dtype)
+        assert np.mean(ref["qs"] == blk["qs"]) > 0.99
+        np.testing.assert_array_equal(ref["d"], blk["d"])
     group = 16 if gtype is GType.Q8_K else 4
-    np.testing.assert_array_equal(sums, act.qs.reshape(-1, group).sum(axis=1))
+    np.testing.assert_array_equal(act.s4, act.qs.reshape(-1, group).sum(axis=1))
 
 
 def test_quantize_act_parallel_matches_serial():

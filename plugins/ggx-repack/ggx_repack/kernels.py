@@ -398,7 +398,11 @@ def _block_q4(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
             s = splat_f32x8(ys[blk])
             _store_f32x8(acc, t * 16, _add_f(_load_f32x8(acc, t * 16), _mul_f32x8(ma, s)))
             _store_f32x8(acc, t * 16 + 8, _add_f(_load_f32x8(acc, t * 16 + 8), _mul_f32x8(mb, s)))
-        _fma2(acc, t, ia, ib, _mul_f32x8(sa, dy), _mul_f32x8(sb, dy))
+        if _is8(lay):
+            _fma2(acc, t, ia, ib, _mul_f32x8(sa, dy), _mul_f32x8(sb, dy))
+        else:  # A and B lanes hold the same rows (sa == sb): one float update
+            _store_f32x8(acc, t * 16, fma_i32x8_f32x8(_load_f32x8(acc, t * 16), add_i32x8(ia, ib),
+                                                      _mul_f32x8(sa, dy)))
 
 
 
@@ -420,7 +424,8 @@ def _block_q8(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
         ia = _dot_q8(isa, _dot_q8(isa, init, w0, _bcast4x2(yq, y)), w2, _bcast4x2(yq, y + 16))
         ib = _dot_q8(isa, _dot_q8(isa, init, w1, _bcast4x2(yq, y + 8)), w3, _bcast4x2(yq, y + 24))
         sd = _mul_f32x8(s, splat_f32x8(yd[blk]))
-        _fma2(acc, t, ia, ib, sd, sd)
+        # A and B lanes hold the same rows here: one float update per column and block
+        _store_f32x8(acc, t * 16, fma_i32x8_f32x8(_load_f32x8(acc, t * 16), add_i32x8(ia, ib), sd))
 
 
 @njit(cache=True, inline="always")

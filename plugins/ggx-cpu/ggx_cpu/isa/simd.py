@@ -224,12 +224,11 @@ def hsum_f32x8(typingctx, v):
     def codegen(context, builder, sig, args):
         # pairwise halving: [0..3]+[4..7], then [0,1]+[2,3], then lane 0 + lane 1
         x = args[0]
+        idx = ir.IntType(32)
         for half in (4, 2, 1):
-            idx = ir.IntType(32)
-            a = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(idx, half), [ir.Constant(idx, i) for i in range(half)]))
-            b = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(idx, half),
-                                                        [ir.Constant(idx, half + i) for i in range(half)]))
-            x = builder.fadd(a, b)
+            low = ir.Constant(ir.VectorType(idx, half), [ir.Constant(idx, i) for i in range(half)])
+            high = ir.Constant(ir.VectorType(idx, half), [ir.Constant(idx, half + i) for i in range(half)])
+            x = builder.fadd(builder.shuffle_vector(x, x, low), builder.shuffle_vector(x, x, high))
         return builder.extract_element(x, ir.Constant(ir.IntType(32), 0))
 
     return types.float32(F32x8), codegen

@@ -191,10 +191,12 @@ def tile_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
 
 @njit(cache=True)
 def tile_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3):
-    """4 rows x 4 columns of dot_q4_1; the m * s terms run in a second, scalar pass."""
+    """4 rows x 4 columns of dot_q4_1; the 16 m * s terms ride along as independent scalar chains."""
     a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = zero_f32x8()
     a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = zero_f32x8()
     z = zero_i32x8()
+    p00 = p01 = p02 = p03 = p10 = p11 = p12 = p13 = np.float32(0.0)
+    p20 = p21 = p22 = p23 = p30 = p31 = p32 = p33 = np.float32(0.0)
     for b in range(nb):
         o0 = wo + b * 20
         o1 = o0 + wrs
@@ -206,6 +208,12 @@ def tile_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         w3 = nibbles_i8x32(load_i8x16(w, o3 + 4))
         d0, d1, d2, d3 = _f16(w, o0), _f16(w, o1), _f16(w, o2), _f16(w, o3)
         y0, y1, y2, y3 = yo0 + b * 32, yo1 + b * 32, yo2 + b * 32, yo3 + b * 32
+        m0, m1, m2, m3 = _f16(w, o0 + 2), _f16(w, o1 + 2), _f16(w, o2 + 2), _f16(w, o3 + 2)
+        s0, s1, s2, s3 = at(ys, y0 >> 5), at(ys, y1 >> 5), at(ys, y2 >> 5), at(ys, y3 >> 5)
+        p00, p01, p02, p03 = p00 + m0 * s0, p01 + m0 * s1, p02 + m0 * s2, p03 + m0 * s3
+        p10, p11, p12, p13 = p10 + m1 * s0, p11 + m1 * s1, p12 + m1 * s2, p13 + m1 * s3
+        p20, p21, p22, p23 = p20 + m2 * s0, p21 + m2 * s1, p22 + m2 * s2, p23 + m2 * s3
+        p30, p31, p32, p33 = p30 + m3 * s0, p31 + m3 * s1, p32 + m3 * s2, p33 + m3 * s3
         v, e = load_i8x32(yq, y0), at(yd, y0 >> 5)
         a00 = fma_i32x8_f32x8(a00, dot_u8s8(isa, z, w0, v), splat_f32x8(d0 * e))
         a10 = fma_i32x8_f32x8(a10, dot_u8s8(isa, z, w1, v), splat_f32x8(d1 * e))
@@ -228,19 +236,22 @@ def tile_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         a33 = fma_i32x8_f32x8(a33, dot_u8s8(isa, z, w3, v), splat_f32x8(d3 * e))
     _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
              a20, a21, a22, a23, a30, a31, a32, a33)
-    for r in range(4):
-        ro = wo + r * wrs
-        m0 = m1 = m2 = m3 = 0.0
-        for b in range(nb):
-            m = _f16(w, ro + b * 20 + 2)
-            m0 += m * at(ys, (yo0 >> 5) + b)
-            m1 += m * at(ys, (yo1 >> 5) + b)
-            m2 += m * at(ys, (yo2 >> 5) + b)
-            m3 += m * at(ys, (yo3 >> 5) + b)
-        out[oo0 + r] += m0
-        out[oo1 + r] += m1
-        out[oo2 + r] += m2
-        out[oo3 + r] += m3
+    out[oo0 + 0] += p00
+    out[oo1 + 0] += p01
+    out[oo2 + 0] += p02
+    out[oo3 + 0] += p03
+    out[oo0 + 1] += p10
+    out[oo1 + 1] += p11
+    out[oo2 + 1] += p12
+    out[oo3 + 1] += p13
+    out[oo0 + 2] += p20
+    out[oo1 + 2] += p21
+    out[oo2 + 2] += p22
+    out[oo3 + 2] += p23
+    out[oo0 + 3] += p30
+    out[oo1 + 3] += p31
+    out[oo2 + 3] += p32
+    out[oo3 + 3] += p33
 
 
 @njit(cache=True)
@@ -284,7 +295,19 @@ def tile_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
 @njit(cache=True, inline="always")
 def _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
              a20, a21, a22, a23, a30, a31, a32, a33):
-    out[oo0 + 0], out[oo1 + 0], out[oo2 + 0], out[oo3 + 0] = hsum_f32x8(a00), hsum_f32x8(a01), hsum_f32x8(a02), hsum_f32x8(a03)
-    out[oo0 + 1], out[oo1 + 1], out[oo2 + 1], out[oo3 + 1] = hsum_f32x8(a10), hsum_f32x8(a11), hsum_f32x8(a12), hsum_f32x8(a13)
-    out[oo0 + 2], out[oo1 + 2], out[oo2 + 2], out[oo3 + 2] = hsum_f32x8(a20), hsum_f32x8(a21), hsum_f32x8(a22), hsum_f32x8(a23)
-    out[oo0 + 3], out[oo1 + 3], out[oo2 + 3], out[oo3 + 3] = hsum_f32x8(a30), hsum_f32x8(a31), hsum_f32x8(a32), hsum_f32x8(a33)
+    out[oo0 + 0] = hsum_f32x8(a00)
+    out[oo1 + 0] = hsum_f32x8(a01)
+    out[oo2 + 0] = hsum_f32x8(a02)
+    out[oo3 + 0] = hsum_f32x8(a03)
+    out[oo0 + 1] = hsum_f32x8(a10)
+    out[oo1 + 1] = hsum_f32x8(a11)
+    out[oo2 + 1] = hsum_f32x8(a12)
+    out[oo3 + 1] = hsum_f32x8(a13)
+    out[oo0 + 2] = hsum_f32x8(a20)
+    out[oo1 + 2] = hsum_f32x8(a21)
+    out[oo2 + 2] = hsum_f32x8(a22)
+    out[oo3 + 2] = hsum_f32x8(a23)
+    out[oo0 + 3] = hsum_f32x8(a30)
+    out[oo1 + 3] = hsum_f32x8(a31)
+    out[oo2 + 3] = hsum_f32x8(a32)
+    out[oo3 + 3] = hsum_f32x8(a33)

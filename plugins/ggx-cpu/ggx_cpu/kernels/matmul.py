@@ -68,7 +68,7 @@ def _dot_stub(name):
     def stub(isa, w, wo, nb, yq, yd, ys, ys4, yo):
         raise NotImplementedError
 
-    @overload(stub, inline="always")
+    @overload(stub)
     def _ol(isa, w, wo, nb, yq, yd, ys, ys4, yo):
         f = _impl(isa, name)
         return lambda isa, w, wo, nb, yq, yd, ys, ys4, yo: f(isa, w, wo, nb, yq, yd, ys, ys4, yo)
@@ -80,7 +80,7 @@ def _tile_stub(name):
     def stub(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
         raise NotImplementedError
 
-    @overload(stub, inline="always")
+    @overload(stub)
     def _ol(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
         f = _impl(isa, name)
         return lambda isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3: f(
@@ -95,7 +95,7 @@ _tile_q4_0, _tile_q4_1, _tile_q8_0 = _tile_stub("tile_q4_0"), _tile_stub("tile_q
 _tile_q4_K, _tile_q6_K = _tile_stub("tile_q4_K"), _tile_stub("tile_q6_K")
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _qdot(isa, kind, w, wo, nb, yq, yd, ys, ys4, yo):
     if kind == 0:
         return np.float32(_dot_q4_0(isa, w, wo, nb, yq, yd, ys, ys4, yo))
@@ -108,7 +108,7 @@ def _qdot(isa, kind, w, wo, nb, yq, yd, ys, ys4, yo):
     return np.float32(_dot_q6_K(isa, w, wo, nb, yq, yd, ys, ys4, yo))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _qtile(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
     if kind == 0:
         _tile_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)

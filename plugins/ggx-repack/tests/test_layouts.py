@@ -1,0 +1,111 @@
+"""Layouts: each transform against a straightforward per-byte loop (ggml's make_block_* form),
+round trips, sizes, and the selection table."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggx.quants import quantize
+from ggx.types import GType
+from ggx_repack.layouts import LAYOUTS, interleave, k4_pack_scales, k4_scales_mins, optimal_layout, repack, unpack
+
+
+def loop_repack(lay, raw: np.ndarray, K: int, M: int) -> np.ndarray:
+    """The layout written the obvious way: one group block at a time, one quant byte at a time."""
+    t = lay.gtype
+    blocks = raw.view(t.block_dtype).reshape(M, K // t.block_size)
+    out = []
+    for g in range(M // lay.nrows):
+        for b in range(K // t.block_size):
+            rows = [blocks[g * lay.nrows + r, b] for r in range(lay.nrows)]
+            head = b"".join(r["d"].tobytes() for r in rows)
+            if t is GType.Q4_1:
+                head += b"".join(r["m"].tobytes() for r in rows)
+            if t is GType.Q4_K:
+                head += b"".join(r["dmin"].tobytes() for r in rows)
+                dec = []
+                for r in rows:  # ggml's get_scale_min_k4, value by value
+                    s = [int(x) for x in r["scales"]]
+                    sc, mn = [], []
+                    for j in range(8):
+                        if j < 4:
+                            sc.append(s[j] & 63)
+                            mn.append(s[j + 4] & 63)
+                        else:
+                            sc.append((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4))
+                            mn.append((s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+                    dec.append((sc, mn))
+                head += bytes(dec[r][0][j] for j in range(8) for r in range(lay.nrows))
+                head += bytes(dec[r][1][j] for j in range(8) for r in range(lay.nrows))
+            qs = [bytes(r["qs"].view(np.uint8)) for r in rows]
+            n, bl = lay.nrows, lay.interleave
+            body = bytearray(n * lay.quant_bytes)
+            for i in range(len(body)):  # ggml: src_id = (i % (n*bl)) / bl, src_offset = (i / (n*bl)) * bl + i % bl
+                body[i] = qs[(i % (n * bl)) // bl][(i // (n * bl)) * bl + i % bl] ^ lay.xor_mask
+            out.append(head + bytes(body))
+    return np.frombuffer(b"".join(out), np.uint8)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_repack_matches_the_loop_and_round_trips(name):
+    lay = LAYOUTS[name]
+    K, M = 512, 2 * lay.nrows
+    raw = quantize(np.random.default_rng(3).standard_normal((M, K)).astype(np.float32), lay.gtype).reshape(-1)
+    packed = repack(lay, raw, (K, M, 1, 1))
+    assert np.array_equal(packed, loop_repack(lay, raw, K, M))
+    assert packed.size == lay.packed_nbytes((K, M, 1, 1))
+    assert np.array_equal(unpack(lay, packed, (K, M, 1, 1)), raw)
+
+
+def test_q4_0_4x4_is_byte_identical_with_ggml_block_q4_0x4():
+    """ggml's make_block_q4_0x4 (blck_size_interleave 4, xor 0x88) on two hand-made blocks rows."""
+    lay = LAYOUTS["q4_0_4x4"]
+    rows = np.zeros((4, 1), GType.Q4_0.block_dtype)
+    rows["d"] = np.arange(4)[:, None]
+    rows["qs"] = (np.arange(64, dtype=np.uint8).reshape(4, 1, 16) * 3) & 0xFF
+    packed = repack(lay, rows.view(np.uint8).reshape(-1), (32, 4, 1, 1))
+    assert np.array_equal(packed[:8].view("<f2"), np.arange(4))
+    q = packed[8:]
+    assert np.array_equal(q[:4], rows["qs"][0, 0, :4] ^ 0x88)  # row 0 bytes 0-3
+    assert np.array_equal(q[4:8], rows["qs"][1, 0, :4] ^ 0x88)  # row 1 bytes 0-3
+    assert np.array_equal(q[16:20], rows["qs"][0, 0, 4:8] ^ 0x88)  # row 0 bytes 4-7
+
+
+def test_interleave_formula_on_indices():
+    q = np.arange(8 * 16).reshape(8, 16)
+    p = interleave(q, 8)
+    assert list(p[:10]) == [0, 1, 2, 3, 4, 5, 6, 7, 16, 17]
+    assert p[64] == 8  # after 8 rows x 8 bytes: row 0, byte 8
+
+
+def test_k4_scale_packing_round_trips():
+    s = np.random.default_rng(0).integers(0, 256, (50, 12), dtype=np.uint8)
+    sc, mn = k4_scales_mins(s)
+    assert sc.max() < 64 and mn.max() < 64
+    assert np.array_equal(k4_scales_mins(k4_pack_scales(sc, mn))[0], sc)
+    assert np.array_equal(k4_scales_mins(k4_pack_scales(sc, mn))[1], mn)
+
+
+@pytest.mark.parametrize("gtype, rows, isa, want", [
+    (GType.Q4_0, 4096, "avx512_vnni", "q4_0_8x8"),
+    (GType.Q4_0, 4096, "avx2", "q4_0_8x8"),
+    (GType.Q4_0, 12, "avx2", None),  # rows not a multiple of 8: no repack, plain CPU buffer
+    (GType.Q4_0, 12, "neon_dotprod", "q4_0_4x4"),
+    (GType.Q4_0, 12, "neon_i8mm", "q4_0_4x8"),
+    (GType.Q4_1, 576, "avx512_vnni", "q4_1_8x8"),
+    (GType.Q4_K, 1536, "portable", "q4_K_8x8"),
+    (GType.Q8_0, 12, "avx2", "q8_0_4x4"),
+    (GType.Q8_0, 6, "avx2", None),
+    (GType.Q6_K, 4096, "avx512_vnni", None),  # no layout for this type
+    (GType.F16, 4096, "avx512_vnni", None),
+])
+def test_selection_table(gtype, rows, isa, want):
+    lay = optimal_layout(gtype, rows, isa, forced={})
+    assert (lay.name if lay else None) == want
+
+
+def test_forced_layout_wins_when_rows_divide(monkeypatch):
+    monkeypatch.setenv("GGX_REPACK_LAYOUTS", "q4_0_4x4")
+    assert optimal_layout(GType.Q4_0, 12, "avx2").name == "q4_0_4x4"
+    assert optimal_layout(GType.Q4_0, 6, "avx2") is None
+    assert optimal_layout(GType.Q8_0, 8, "avx2").name == "q8_0_4x4"  # other types: the table

@@ -1,0 +1,49 @@
+"""Model level: a Q4_0 feed-forward stack (rms_norm, mul_mat, swiglu, residual add) gives the
+same result with its weights repacked as in plain host memory, within the mul_mat threshold."""
+from __future__ import annotations
+
+import numpy as np
+
+from ggx.compute import get_tensor_data
+from ggx.conformance.harness import nmse, place, storage_tensors
+from ggx.graph import Context, build_graph
+from ggx.quants import quantize
+from ggx.types import GType
+
+from .conftest import repack_buft, run_repacked
+
+MUL_MAT_NMSE = 5e-4  # the conformance suite's mul_mat threshold
+
+
+def build(n_embd=256, n_ff=512, n_layers=2, n_tokens=5):
+    rng = np.random.default_rng(11)
+    ctx = Context()
+    x = ctx.tensor(GType.F32, (n_embd, n_tokens), "x")
+    inputs = {x: rng.standard_normal((n_tokens, n_embd)).astype(np.float32).view(np.uint8).reshape(-1)}
+    cur = x
+    for il in range(n_layers):
+        ws = {}
+        for name, ne in (("gate", (n_embd, n_ff)), ("up", (n_embd, n_ff)), ("down", (n_ff, n_embd))):
+            ws[name] = ctx.tensor(GType.Q4_0, ne, f"blk.{il}.ffn_{name}")
+            vals = rng.standard_normal((ne[1], ne[0])).astype(np.float32) / np.sqrt(ne[0])
+            inputs[ws[name]] = quantize(vals, GType.Q4_0).reshape(-1)
+        h = ctx.rms_norm(cur, 1e-5)
+        h = ctx.swiglu(ctx.mul_mat(ws["gate"], h), ctx.mul_mat(ws["up"], h))
+        cur = ctx.add(cur, ctx.mul_mat(ws["down"], h))
+    return cur, inputs
+
+
+def test_q4_0_graph_same_with_and_without_repack(cpu, cpu_backend):
+    out, inputs = build()
+    got, weights = run_repacked(cpu, cpu_backend, repack_buft(cpu), out, inputs)
+    assert len(weights) == 6
+
+    out2, inputs2 = build()
+    graph = build_graph(out2)
+    place(cpu.buffer_type(), storage_tensors(graph))
+    for leaf, raw in inputs2.items():
+        leaf.buffer.set_tensor(leaf, raw, 0)
+    cpu_backend.graph_compute(graph)
+    plain = get_tensor_data(out2).reshape(got.shape)
+    assert nmse(got, plain) < MUL_MAT_NMSE
+    assert np.isfinite(got).all()
