@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from repack_testing import alloc, repack_buft, run_repacked
 
 from ggx import registry
 from ggx.errors import GGXUnsupported
@@ -15,8 +16,6 @@ from ggx.hookspecs import PRIORITY_REPACK
 from ggx.quants import dequantize, quantize
 from ggx.types import GType
 from ggx_repack.buffer import RepackBufferType
-
-from .conftest import alloc, repack_buft, run_repacked
 
 
 def weight(ctx, gtype=GType.Q4_0, K=256, M=16, E=1):

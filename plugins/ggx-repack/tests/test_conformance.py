@@ -4,6 +4,7 @@ reference backend with each case's own tolerance."""
 from __future__ import annotations
 
 import pytest
+from repack_testing import repack_buft, run_repacked
 
 from ggx import registry
 from ggx.conformance.cases import op_cases
@@ -12,8 +13,6 @@ from ggx.conformance.harness import compare, execute
 from ggx.conformance.runner import select
 from ggx_cpu import isa
 from ggx_repack.layouts import ENV_FORCE, LAYOUTS
-
-from .conftest import repack_buft, run_repacked
 
 CASES = [c for c in select(op_cases() + golden_cases(), ["MUL_MAT", "MUL_MAT_ID"]) if c.expect_error is None]
 

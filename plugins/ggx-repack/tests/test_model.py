@@ -3,14 +3,13 @@ same result with its weights repacked as in plain host memory, within the mul_ma
 from __future__ import annotations
 
 import numpy as np
+from repack_testing import repack_buft, run_repacked
 
 from ggx.compute import get_tensor_data
 from ggx.conformance.harness import nmse, place, storage_tensors
 from ggx.graph import Context, build_graph
 from ggx.quants import quantize
 from ggx.types import GType
-
-from .conftest import repack_buft, run_repacked
 
 MUL_MAT_NMSE = 5e-4  # the conformance suite's mul_mat threshold
 
