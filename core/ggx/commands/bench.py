@@ -84,17 +84,61 @@ def _one(model, kind: str, n: int, rng: np.random.Generator) -> float:
 
 
 def profile_decode(model, rng: np.random.Generator, out, n: int = 64) -> None:
-    """Break the time of `n` decode steps down by where it goes (from the runner's counters)."""
+    """Break the time of `n` decode steps down: model Python, scheduler, backend dispatch, kernels.
+
+    Backends are timed by wrapping their graph_compute; a backend that computes node by node
+    through a `compute_node(node)` method (ggx-cpu does) also gets per-op kernel times.
+    """
+    from collections import defaultdict
+
     model.reset()
     model.eval(rng.integers(0, model.n_vocab, size=8))
+    model.eval([1])  # build and plan the decode graph before timing
+    backend_s: dict[str, float] = defaultdict(float)
+    kernel_s: dict[str, float] = defaultdict(float)
+    kernel_n: dict[str, int] = defaultdict(int)
+    wrapped = []
+    for be in model.runner.backends:
+        wrapped.append(be)
+        gc = be.graph_compute
+
+        def timed_graph(graph, _gc=gc, _name=be.name):
+            t = time.perf_counter()
+            _gc(graph)
+            backend_s[_name] += time.perf_counter() - t
+
+        be.graph_compute = timed_graph
+        cn = getattr(be, "compute_node", None)
+        if callable(cn):
+            def timed_node(node, _cn=cn):
+                t = time.perf_counter()
+                _cn(node)
+                kernel_s[node.op.name] += time.perf_counter() - t
+                kernel_n[node.op.name] += 1
+
+            be.compute_node = timed_node
     model.runner.timings.clear()
-    t0 = time.perf_counter()
-    for tok in rng.integers(0, model.n_vocab, size=n):
-        model.eval([int(tok)])
-    total = (time.perf_counter() - t0) / n * 1e3
-    t = {k: v / n * 1e3 for k, v in model.runner.timings.items()}
-    out.write(f"\ndecode step: {total:.3f} ms ({1e3 / total:.1f} tokens/s)\n")
-    for key, ms in sorted(t.items(), key=lambda kv: -kv[1]):
-        out.write(f"  {key:<28s} {ms:8.3f} ms  {100 * ms / total:5.1f} %\n")
-    rest = total - sum(t.values())
-    out.write(f"  {'other (model Python)':<28s} {rest:8.3f} ms  {100 * rest / total:5.1f} %\n")
+    try:
+        t0 = time.perf_counter()
+        for tok in rng.integers(0, model.n_vocab, size=n):
+            model.eval([int(tok)])
+        total = (time.perf_counter() - t0) / n * 1e3
+    finally:
+        for be in wrapped:
+            be.__dict__.pop("graph_compute", None)
+            be.__dict__.pop("compute_node", None)
+    ms = {k: v / n * 1e3 for k, v in model.runner.timings.items()}
+    backends = sum(backend_s.values()) / n * 1e3
+    kernels = sum(kernel_s.values()) / n * 1e3
+    rows = [("model Python (inputs, outputs, eval)", total - ms.get("sched.graph_compute", 0.0)),
+            ("scheduler (plan reuse, copies, events)", ms.get("sched.graph_compute", 0.0) - backends)]
+    if kernel_s:
+        rows.append(("backend dispatch (per-node Python)", backends - kernels))
+        rows += [(f"kernel {op} x{kernel_n[op] // n}", v / n * 1e3)
+                 for op, v in sorted(kernel_s.items(), key=lambda kv: -kv[1])]
+    else:
+        rows.append(("backends (dispatch + kernels)", backends))
+    out.write(f"\ndecode step: {total:.3f} ms ({1e3 / total:.1f} tokens/s); kernels {kernels:.3f} ms, "
+              f"Python around them {total - kernels:.3f} ms\n")
+    for key, v in rows:
+        out.write(f"  {key:<40s} {v:8.3f} ms  {100 * v / total:5.1f} %\n")

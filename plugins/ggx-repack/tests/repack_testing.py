@@ -1,5 +1,4 @@
 """Helpers of the ggx-repack tests: run a graph with its repackable weights in CPU_REPACK."""
-
 from __future__ import annotations
 
 import numpy as np
