@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_tiny_llama
+from gguf_synth import write_tiny_llama
 
 from ggx.errors import GGXError, GGXFormatError
 from ggx.models import GGUFFile, LlamaHParams, Tokenizer, check_header

@@ -4,7 +4,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from conftest import write_tiny_llama
+from gguf_synth import write_tiny_llama
 
 from ggx.errors import GGXShapeError
 from ggx.models import GGUFFile, LlamaHParams, load_model
@@ -128,3 +128,20 @@ def test_bad_inputs(tiny_model):
         tiny_model.forward([])
     with pytest.raises(GGXShapeError, match="do not fit"):
         tiny_model.forward([3] * (tiny_model.n_ctx + 1))
+
+
+def test_fused_qkv_and_gate_up_change_nothing(tiny_llama, tiny_model):
+    from ggx.graph import Context, build_graph
+    from ggx.models.llama import build_llama
+    from ggx.ops import Op
+
+    assert "blk.0.attn_qkv.weight" in tiny_model.weights and "blk.0.attn_q.weight" not in tiny_model.weights
+    plain = load_model(tiny_llama, devices=["ref"], fuse=False)
+    assert "blk.0.attn_q.weight" in plain.weights and "blk.0.ffn_gate_up.weight" not in plain.weights
+    np.testing.assert_allclose(tiny_model.forward(PROMPT), plain.forward(PROMPT), rtol=1e-6, atol=1e-5)
+
+    def n_mul_mat(m):
+        logits, _ = build_llama(Context(), m.hp, m.weights, m.cache, 1, 256, 1)
+        return sum(n.op is Op.MUL_MAT for n in build_graph(logits).nodes)
+
+    assert n_mul_mat(plain) - n_mul_mat(tiny_model) == 3 * tiny_model.hp.n_layer

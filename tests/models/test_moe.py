@@ -56,3 +56,13 @@ def test_moe_split_with_expert_upload_matches_reference(tiny_moe, ref_logits):
         got = m.eval([PROMPT[k - 1]])[-1]
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
         assert sum(last - first + 1 for first, last in cb.runs) <= 3 * m.hp.n_layer * m.hp.n_expert_used
+
+
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_cpu_plugin_matches_reference(tiny_moe, tiny_llama, flash_attn):
+    """Dense and MoE graphs on ggx-cpu (activations quantized as ggml does) against ref (float64)."""
+    for path in (tiny_moe, tiny_llama):
+        want = load_model(path, devices=["ref"], flash_attn=flash_attn).forward(PROMPT)
+        got = load_model(path, devices=["CPU"], flash_attn=flash_attn).forward(PROMPT)
+        nmse = float(((got - want) ** 2).sum() / (want**2).sum())
+        assert nmse < 1e-2, (path.name, nmse)

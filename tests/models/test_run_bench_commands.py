@@ -28,7 +28,7 @@ def test_bench_table(tiny_llama, capsys):
     lines = [ln for ln in out.splitlines() if ln.startswith("|")]
     assert lines[0].startswith("| model") and len(lines) == 4
     assert "pp16" in lines[2] and "tg4" in lines[3] and "±" in lines[2]
-    assert "decode step" in out and "sched.graph_compute" in out
+    assert "decode step" in out and "scheduler" in out and "model Python" in out
 
 
 def test_bad_arguments(tiny_llama, tmp_path, capsys):

@@ -52,17 +52,13 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], cache: KVC
     )
     for t in inp.all():
         t.set_flag(TensorFlag.INPUT)
-    D, kq_scale = hp.head_dim, 1.0 / math.sqrt(hp.head_dim)
+    kq_scale = 1.0 / math.sqrt(hp.head_dim)
     x = ctx.get_rows(w["token_embd.weight"], inp.tokens)
     for il in range(hp.n_layer):
         b = f"blk.{il}."
         cur = ctx.mul(ctx.rms_norm(x, hp.rms_eps), w[b + "attn_norm.weight"])
-        q = ctx.reshape(ctx.mul_mat(w[b + "attn_q.weight"], cur), [D, hp.n_head, n_tokens])
-        k = ctx.reshape(ctx.mul_mat(w[b + "attn_k.weight"], cur), [D, hp.n_head_kv, n_tokens])
-        v = ctx.mul_mat(w[b + "attn_v.weight"], cur)
-        q = _rope(ctx, hp, q, inp.pos)
-        k = _rope(ctx, hp, k, inp.pos)
-        k_written = ctx.set_rows(cache.k[il], ctx.reshape(k, [hp.n_embd_kv, n_tokens]), inp.kv_idx)
+        q, k, v = _qkv_roped(ctx, hp, w, b, cur, inp.pos, n_tokens)
+        k_written = ctx.set_rows(cache.k[il], ctx.view(k, [hp.n_embd_kv, n_tokens], [k.nb[2]]), inp.kv_idx)
         v_written = ctx.set_rows(cache.v[il], v, inp.kv_idx)
         attn = _attention(ctx, hp, q, k_written, v_written, inp.mask, n_tokens, n_kv, kq_scale, flash_attn)
         x = ctx.add(ctx.mul_mat(w[b + "attn_output.weight"], attn), x)
@@ -76,6 +72,28 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], cache: KVC
     logits = ctx.mul_mat(out_w, x)
     logits.name = "result_output"
     return logits, inp
+
+
+def _qkv_roped(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], b: str, cur: Tensor, pos: Tensor,
+               n_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Roped q [D, n_head, T] and k [D, n_head_kv, T] (rows contiguous, maybe strided), v [n_embd_kv, T].
+
+    With the fused weight (rows q | k | v) one product gives all three; q and k are adjacent
+    heads of its result, so one rope over [D, n_head + n_head_kv, T] rotates both.
+    """
+    D = hp.head_dim
+    qkv_w = w.get(b + "attn_qkv.weight")
+    if qkv_w is None:
+        q = ctx.reshape(ctx.mul_mat(w[b + "attn_q.weight"], cur), [D, hp.n_head, n_tokens])
+        k = ctx.reshape(ctx.mul_mat(w[b + "attn_k.weight"], cur), [D, hp.n_head_kv, n_tokens])
+        return _rope(ctx, hp, q, pos), _rope(ctx, hp, k, pos), ctx.mul_mat(w[b + "attn_v.weight"], cur)
+    qkv = ctx.mul_mat(qkv_w, cur)  # [n_embd + 2 n_embd_kv, T]
+    f32 = 4
+    qk = _rope(ctx, hp, ctx.view(qkv, [D, hp.n_head + hp.n_head_kv, n_tokens], [D * f32, qkv.nb[1]], 0), pos)
+    q = ctx.view(qk, [D, hp.n_head, n_tokens], [D * f32, qk.nb[2]], 0)
+    k = ctx.view(qk, [D, hp.n_head_kv, n_tokens], [D * f32, qk.nb[2]], hp.n_embd * f32)
+    v = ctx.view(qkv, [hp.n_embd_kv, n_tokens], [qkv.nb[1]], (hp.n_embd + hp.n_embd_kv) * f32)
+    return q, k, v
 
 
 def _rope(ctx: Context, hp: LlamaHParams, t: Tensor, pos: Tensor) -> Tensor:
@@ -102,6 +120,9 @@ def _attention(ctx: Context, hp: LlamaHParams, q: Tensor, k_cache: Tensor, v_cac
 
 
 def _ffn(ctx: Context, w: dict[str, Tensor], b: str, cur: Tensor) -> Tensor:
+    gate_up = w.get(b + "ffn_gate_up.weight")
+    if gate_up is not None:  # fused: rows gate | up, swiglu over the halves of each column
+        return ctx.mul_mat(w[b + "ffn_down.weight"], ctx.swiglu(ctx.mul_mat(gate_up, cur)))
     gate = ctx.mul_mat(w[b + "ffn_gate.weight"], cur)
     up = ctx.mul_mat(w[b + "ffn_up.weight"], cur)
     return ctx.mul_mat(w[b + "ffn_down.weight"], ctx.swiglu(gate, up))

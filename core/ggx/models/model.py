@@ -56,7 +56,7 @@ class Model:
 
     def __init__(self, path: str | Path, devices: Sequence[str] | None = None, n_threads: int | None = None,
                  n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH, flash_attn: bool = True,
-                 progress: bool = False, host_experts: bool = False):
+                 progress: bool = False, host_experts: bool = False, fuse: bool = True):
         t0 = time.perf_counter()
         self.path = str(path)
         self.file = GGUFFile(self.path)
@@ -66,7 +66,7 @@ class Model:
             raise GGXShapeError(f"{self.path}: tokenizer has {self.tokenizer.n_vocab} tokens, model {self.hp.n_vocab}")
         self.runner = Runner(devices, n_threads, moe=self.hp.n_expert > 0)
         self.weights, self.weight_buffers = load_weights(self.file, self.hp, self.runner, progress=progress,
-                                                         host_experts=host_experts)
+                                                         host_experts=host_experts, fuse=fuse)
         self.n_ctx = min(n_ctx or DEFAULT_N_CTX, self.hp.n_ctx_train)
         self.n_batch = n_batch
         self.flash_attn = flash_attn
