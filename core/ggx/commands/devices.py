@@ -35,7 +35,15 @@ def _buft(buft: Any) -> dict[str, Any]:
     return {"name": buft.name, "alignment": buft.alignment, "max_size": buft.max_size, "is_host": buft.is_host}
 
 
-def _features(device: Any) -> dict[str, str] | None:
+def _short(value: Any, limit: int = 40) -> str:
+    """A feature value for the table: long lists are summarized (`--json` keeps them whole)."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    return f"[{len(value)} items]" if isinstance(value, list | tuple | set | frozenset) else text[:limit] + "…"
+
+
+def _features(device: Any) -> dict[str, Any] | None:
     """The "get_features" capability of the device (if it has get_proc_address) or of its reg."""
     for owner in (device, device.reg):
         lookup = getattr(owner, "get_proc_address", None)
@@ -43,7 +51,8 @@ def _features(device: Any) -> dict[str, str] | None:
         if fn is not None:
             feats = fn()
             items = feats.items() if isinstance(feats, dict) else feats
-            return {str(k): str(v) for k, v in items}
+            return {str(k): sorted(map(str, v)) if isinstance(v, list | tuple | set | frozenset) else str(v)
+                    for k, v in items}
     return None
 
 
@@ -137,7 +146,7 @@ def _render(report: dict[str, Any], verbose: bool) -> None:
         extra = ", ".join(b["name"] for b in d["extra_buffer_types"]) or "-"
         desc = esc(d["description"])
         if d["features"]:
-            desc += "\n" + esc(" ".join(f"{k}={v}" for k, v in d["features"].items()))
+            desc += "\n" + esc(" ".join(f"{k}={_short(v)}" for k, v in d["features"].items()))
         if d["errors"]:
             desc += "\n[red]" + esc("\n".join(d["errors"])) + "[/]"
         t.add_row(esc(d["name"]), d["type"], esc(d["plugin"] or "-"), desc, _gib(d["memory"]),
