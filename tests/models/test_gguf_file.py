@@ -198,3 +198,56 @@ def test_not_a_file(tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(GGXFormatError):
         GGUFFile(empty)
+
+
+def test_metadata_matches_gguf_reader(tmp_path):
+    """read_header gives the values (and Python types) gguf's GGUFReader gives, for every value type."""
+    import gguf
+
+    from ggx.models import read_header
+
+    p = tmp_path / "kinds.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    w.add_uint8("k.u8", 200)
+    w.add_int8("k.i8", -5)
+    w.add_uint16("k.u16", 60000)
+    w.add_int16("k.i16", -300)
+    w.add_uint32("k.u32", 4_000_000_000)
+    w.add_int32("k.i32", -70000)
+    w.add_float32("k.f32", 0.1)
+    w.add_uint64("k.u64", 2**40)
+    w.add_int64("k.i64", -(2**40))
+    w.add_float64("k.f64", 1e-300)
+    w.add_bool("k.bool", True)
+    w.add_string("k.str", "héllo ✓")
+    w.add_array("k.ints", [1, -2, 3])
+    w.add_array("k.floats", [0.5, 1.25])
+    w.add_array("k.strs", ["a", "", "ü€"])
+    w.add_array("k.bools", [True, False])
+    w.add_tensor("t", np.zeros((2, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    reader = gguf.GGUFReader(str(p), "r")
+    expected = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    meta, infos = read_header(np.memmap(p, dtype=np.uint8, mode="r"), str(p))
+    assert meta.keys() == expected.keys()
+    for key, value in expected.items():
+        assert meta[key] == value and type(meta[key]) is type(value), key
+        if isinstance(value, list):
+            assert [type(x) for x in meta[key]] == [type(x) for x in value], key
+    assert [t.name for t in infos] == ["t"]
+
+
+def test_invalid_utf8_token_is_a_format_error(tiny_llama, tmp_path):
+    raw = tiny_llama.read_bytes()
+    key = b"tokenizer.ggml.tokens"
+    first_len_at = raw.find(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4 + 4 + 8
+    n = struct.unpack_from("<Q", raw, first_len_at)[0]
+    bad = bytearray(raw)
+    bad[first_len_at + 8: first_len_at + 8 + n] = b"\xff" * n
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(bytes(bad))
+    with pytest.raises(GGXFormatError, match="element 0 of value of 'tokenizer.ggml.tokens' is not valid UTF-8"):
+        GGUFFile(p)

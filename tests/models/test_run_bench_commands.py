@@ -37,3 +37,25 @@ def test_bad_arguments(tiny_llama, tmp_path, capsys):
     bad.write_bytes(b"GGUF\x03\x00\x00\x00")
     assert main(["run", str(bad), "--device", "ref"]) == 2
     assert "truncated" in capsys.readouterr().err
+
+
+def test_graph_of_a_model_decode_step(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "m.dot"
+    assert main(["graph", str(tiny_llama), "-d", "ref", "--layers", "1", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("digraph") and "decode step, layers 0-0 of 2" in text
+    assert "cluster" in text and "blk.0.attn_norm.weight" in text
+    assert "blk.1." not in text  # cut to the first layer
+    assert "FLASH_ATTN_EXT" in text and "SET_ROWS" in text  # the real attention, not the demo's
+    one_layer = int(capsys.readouterr().out.split("(")[1].split()[0])
+    assert main(["graph", str(tiny_llama), "-d", "ref", "--layers", "2", "-o", str(out)]) == 0
+    two_layers = int(capsys.readouterr().out.split("(")[1].split()[0])
+    assert "blk.1.ffn_norm.weight" in out.read_text() and two_layers > one_layer
+    assert main(["graph", str(tiny_llama), "--layers", "0", "-o", str(out)]) == 2
+    assert main(["graph", str(tiny_llama), "--weights-on", "ref", "-o", str(out)]) == 2
+
+
+def test_graph_of_the_default_model(tmp_path):
+    out = tmp_path / "smollm2.dot"
+    assert main(["graph", "default", "--layers", "1", "-o", str(out)]) == 0
+    assert "decode step, layers 0-0 of 30" in out.read_text()

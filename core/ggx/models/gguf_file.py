@@ -1,14 +1,15 @@
-"""GGUF files: a bounded header check, then the `gguf` package's memory-mapped GGUFReader.
+"""GGUF files: one bounded walk over the memory-mapped header reads and checks everything.
 
 File layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor_count,
 u64 kv_count; kv_count pairs (string key, u32 value type, value); tensor_count infos
 (string name, u32 n_dims, u64 ne[n_dims] in ggml order, u32 ggml type, u64 offset); padding
 to `general.alignment` (default 32); tensor data, each tensor at data_start + offset.
 
-GGUFReader trusts the file: a huge array count makes it loop (and allocate) for ever, a
-short file gives silently truncated arrays. So `check_header` walks the header first, bounding
-every count and length by the bytes that remain, and every malformation becomes a
-`GGXFormatError` naming what is wrong and where, before GGUFReader reads anything.
+The `gguf` package's GGUFReader trusts the file (a huge array count makes it loop and allocate
+for ever, a short file gives silently truncated arrays) and reads string arrays element by
+element in slow Python. So `read_header` walks the header itself, bounding every count and
+length by the bytes that remain before reading it (arrays of numbers with one numpy call), and
+every malformation becomes a `GGXFormatError` naming what is wrong and where.
 """
 from __future__ import annotations
 
@@ -81,37 +82,71 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise self.fail(f"{what} is not valid UTF-8 ({e.reason})") from None
 
-    def skip_value(self, vtype: int, what: str, depth: int = 0) -> None:
-        """Step over one value of GGUF type `vtype`, checking every length against the file size."""
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
+        """Read one value of GGUF type `vtype`, checking every length against the file size.
+
+        Scalars become Python numbers/bools, strings str, arrays lists (as gguf's
+        `ReaderField.contents()` gives them); arrays of numbers are read with one numpy call.
+        """
         if vtype in _SCALARS:
-            self.need(struct.calcsize(_SCALARS[vtype][1]), what)
-            self.pos += struct.calcsize(_SCALARS[vtype][1])
-        elif vtype == _STRING:
-            n = self.unpack("<Q", f"length of {what}")
-            self.need(n, f"{what} ({n} bytes)")
-            self.pos += n
-        elif vtype == _ARRAY:
-            if depth > 2:
-                raise self.fail(f"{what}: arrays nested more than 2 deep")
-            itype = self.unpack("<I", f"element type of {what}")
-            count = self.unpack("<Q", f"element count of {what}")
-            if itype in _SCALARS:
-                size = struct.calcsize(_SCALARS[itype][1])
-                self.need(count * size, f"{what}: {count} elements of {_SCALARS[itype][0]}")
-                self.pos += count * size
-            elif itype in (_STRING, _ARRAY):
-                # every element takes at least 8 bytes (a length or a header): bound the count first
-                self.need(count * 8, f"{what}: {count} elements")
-                for _ in range(count):
-                    self.skip_value(itype, f"element of {what}", depth + 1)
-            else:
-                raise self.fail(f"{what}: unknown array element type {itype}")
-        else:
+            return self.unpack(_SCALARS[vtype][1], what)
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype != _ARRAY:
             raise self.fail(f"{what}: unknown value type {vtype}")
+        if depth > 2:
+            raise self.fail(f"{what}: arrays nested more than 2 deep")
+        itype = self.unpack("<I", f"element type of {what}")
+        count = self.unpack("<Q", f"element count of {what}")
+        if itype in _SCALARS:
+            name, fmt = _SCALARS[itype]
+            size = struct.calcsize(fmt)
+            self.need(count * size, f"{what}: {count} elements of {name}")
+            values = np.frombuffer(self.buf, np.dtype(fmt), count, self.pos)
+            self.pos += count * size
+            return values.tolist()
+        if itype not in (_STRING, _ARRAY):
+            raise self.fail(f"{what}: unknown array element type {itype}")
+        # every element takes at least 8 bytes (a length or a header): bound the count first
+        self.need(count * 8, f"{what}: {count} elements")
+        if itype == _STRING:
+            return self._strings(count, what)
+        return [self.value(_ARRAY, f"element of {what}", depth + 1) for _ in range(count)]
+
+    def _strings(self, count: int, what: str) -> list[str]:
+        """`count` strings (u64 length + UTF-8 bytes each): the vocabulary's hot loop, kept tight."""
+        mv, size, pos = memoryview(self.buf), self.size, self.pos
+        unpack = _U64.unpack_from
+        out: list[str] = [""] * count
+        for i in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.need(8, f"length of element {i} of {what}")
+            (n,) = unpack(mv, pos)
+            pos += 8
+            if n > size - pos:
+                self.pos = pos
+                self.need(n, f"element {i} of {what} ({n} bytes)")
+            try:
+                out[i] = str(mv[pos: pos + n], "utf-8")
+            except UnicodeDecodeError as e:
+                self.pos = pos
+                raise self.fail(f"element {i} of {what} is not valid UTF-8 ({e.reason})") from None
+            pos += n
+        self.pos = pos
+        return out
+
+
+_U64 = struct.Struct("<Q")
 
 
 def check_header(buf: np.ndarray, path: str = "<gguf>") -> list[TensorInfo]:
     """Validate the whole GGUF structure in `buf` (uint8) and return its tensors' descriptions."""
+    return read_header(buf, path)[1]
+
+
+def read_header(buf: np.ndarray, path: str = "<gguf>") -> tuple[dict[str, Any], list[TensorInfo]]:
+    """Validate the whole GGUF structure in `buf` (uint8): (metadata key -> value, tensor descriptions)."""
     c = _Cursor(buf, path)
     c.need(4, "the magic")
     magic = bytes(buf[:4])
@@ -132,19 +167,17 @@ def check_header(buf: np.ndarray, path: str = "<gguf>") -> list[TensorInfo]:
     if n_tensors * 24 > c.size - c.pos:
         raise c.fail(f"absurd tensor count {n_tensors} or truncated file: {c.size - c.pos} bytes remain")
     alignment = DEFAULT_ALIGNMENT
-    keys: set[str] = set()
+    metadata: dict[str, Any] = {}
     for i in range(n_kv):
         key = c.string(f"key #{i}")
-        if key in keys:
+        if key in metadata:
             raise c.fail(f"duplicate key {key!r}")
-        keys.add(key)
         vtype = c.unpack("<I", f"value type of {key!r}")
-        start = c.pos
-        c.skip_value(vtype, f"value of {key!r}")
+        metadata[key] = c.value(vtype, f"value of {key!r}")
         if key == "general.alignment":
             if vtype != 4:
                 raise c.fail("general.alignment must be a u32")
-            alignment = struct.unpack_from("<I", buf, start)[0]
+            alignment = metadata[key]
             if alignment == 0 or alignment & (alignment - 1):
                 raise c.fail(f"general.alignment {alignment} is not a power of two")
     raw_infos = []
@@ -181,14 +214,16 @@ def check_header(buf: np.ndarray, path: str = "<gguf>") -> list[TensorInfo]:
             raise GGXFormatError(f"{path}: truncated file: tensor {name!r} ({gtype.name}{list(ne)}) needs bytes "
                                  f"{start}..{start + nbytes}, the file has {c.size}")
         infos.append(TensorInfo(name, gtype, ne, start, nbytes, buf[start: start + nbytes]))
-    return infos
+    return metadata, infos
 
 
 class GGUFFile:
     """A GGUF file opened memory-mapped: `metadata` (key -> python value) and `tensors` (name -> TensorInfo).
 
-    The header is checked by `check_header`; metadata values are read with gguf.GGUFReader.
-    Tensor data stays in the file's memory map until a loader copies it into buffers.
+    `read_header` checks the header and reads the metadata in the same bounded walk (gguf's
+    GGUFReader is not used: it trusts the file, and its per-element Python loops over a 49k-token
+    vocabulary took ~2 s). Tensor data stays in the file's memory map until a loader copies it
+    into buffers.
     """
 
     def __init__(self, path: str | Path):
@@ -199,23 +234,8 @@ class GGUFFile:
             raise GGXFormatError(f"{self.path}: no such file") from None
         except (ValueError, OSError) as e:  # an empty file cannot be mapped
             raise GGXFormatError(f"{self.path}: cannot map the file ({e})") from None
-        infos = check_header(self._map, self.path)
+        self.metadata, infos = read_header(self._map, self.path)
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in infos}
-        self.metadata: dict[str, Any] = self._read_metadata()
-
-    def _read_metadata(self) -> dict[str, Any]:
-        import gguf
-
-        try:
-            reader = gguf.GGUFReader(self.path, "r")
-            meta: dict[str, Any] = {}
-            for key, field in reader.fields.items():
-                if key.startswith("GGUF."):
-                    continue
-                meta[key] = field.contents()
-        except Exception as e:  # the header passed check_header; anything left is still the file's fault
-            raise GGXFormatError(f"{self.path}: gguf could not read the file: {type(e).__name__}: {e}") from None
-        return meta
 
     def get(self, key: str, kind: type | tuple[type, ...] | None = None, default: Any = ...) -> Any:
         """Metadata value of `key`; GGXFormatError when it is missing (and no default) or of the wrong kind."""

@@ -75,9 +75,23 @@ MUL_MAT_TYPES = frozenset({GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q
 #: Ops cheaper than a second thread's wake-up (~3-9 us with numba's OpenMP pool on 2 cores)
 #: run on one thread when their result has fewer elements than this.
 SMALL_OP_ELEMENTS = 16384
-_ALWAYS_THREADED = frozenset({Op.MUL_MAT, Op.MUL_MAT_ID, Op.FLASH_ATTN_EXT})
+#: FLASH_ATTN_EXT runs on one thread below this many (query row, kv slot) pairs: one token over
+#: 256 slots with 9 heads (2304 pairs) is ~25 us of work, about what two threads cost to start.
+SMALL_FA_PAIRS = 4096
+_ALWAYS_THREADED = frozenset({Op.MUL_MAT, Op.MUL_MAT_ID})
 
-_kernel_cache: dict[Op, Callable[[Tensor, int], None]] = {}
+# The per-node path keys its sets and caches by id(op): Enum.__hash__ is a Python-level call
+# (~0.3 us a lookup, and a decode step runs ~500 nodes).
+_ALWAYS_THREADED_IDS = frozenset(id(op) for op in _ALWAYS_THREADED)
+_NOTHING_TO_RUN_IDS = frozenset(id(op) for op in Op if op.is_view or op is Op.NONE)
+_SET_ROWS_ID = id(Op.SET_ROWS)
+#: Ops whose kernels run serially, with no parallel region, when given one thread (common.run_rows).
+_SERIAL_AT_ONE_IDS = frozenset(id(op) for op in (
+    Op.ADD, Op.MUL, Op.SCALE, Op.SILU, Op.GELU, Op.GLU, Op.RMS_NORM, Op.NORM, Op.ROPE, Op.SOFT_MAX,
+    Op.GET_ROWS, Op.SET_ROWS))
+_FLASH_ATTN_ID = id(Op.FLASH_ATTN_EXT)
+
+_kernel_cache: dict[int, Callable[[Tensor, int], None]] = {}
 
 
 @functools.cache
@@ -87,12 +101,12 @@ def _has_module(name: str) -> bool:
 
 def kernel_for(op: Op) -> Callable[[Tensor, int], None]:
     """The kernel wrapper for `op` (imports its module on first use)."""
-    fn = _kernel_cache.get(op)
+    fn = _kernel_cache.get(id(op))
     if fn is None:
         entry = KERNELS.get(op)
         if entry is None or not _has_module(entry[0]):
             raise GGXUnsupported(f"CPU: no kernel for {op.name}")
-        fn = _kernel_cache[op] = getattr(importlib.import_module(f"ggx_cpu.kernels.{entry[0]}"), entry[1])
+        fn = _kernel_cache[id(op)] = getattr(importlib.import_module(f"ggx_cpu.kernels.{entry[0]}"), entry[1])
     return fn
 
 
@@ -176,6 +190,8 @@ _threads_now = 0
 def set_numba_threads(n: int) -> None:
     """Make the next numba parallel region use n threads (skips the call when unchanged)."""
     global _threads_now
+    if n == _threads_now:
+        return
     import numba
 
     n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
@@ -212,13 +228,19 @@ class CpuBackend(Backend):
         self.n_threads = n_threads
 
     def threads_for(self, node: Tensor) -> int:
-        if self.n_threads > 1 and node.op not in _ALWAYS_THREADED and node.nelements < SMALL_OP_ELEMENTS:
-            return 1
-        return self.n_threads
+        op_id = id(node.op)
+        if self.n_threads == 1 or op_id in _ALWAYS_THREADED_IDS:
+            return self.n_threads
+        if op_id == _FLASH_ATTN_ID:
+            q, k = node.src[0], node.src[1]
+            return 1 if q.ne[1] * q.ne[2] * q.ne[3] * k.ne[1] < SMALL_FA_PAIRS else self.n_threads
+        # SET_ROWS' result is the whole destination (a KV cache): its work is the rows written
+        work = node.src[1] if op_id == _SET_ROWS_ID and len(node.src) > 1 else node
+        return 1 if work.nelements < SMALL_OP_ELEMENTS else self.n_threads
 
     def compute_node(self, node: Tensor) -> None:
         """Run one node: its src[0]'s extra buffer type first, else the kernel table."""
-        if node.op.is_view or node.op is Op.NONE or node.nelements == 0:
+        if id(node.op) in _NOTHING_TO_RUN_IDS or node.nelements == 0:
             return
         buft = _buft_of(node.src[0] if node.src else None)
         if isinstance(buft, ExtraBufferType):
@@ -228,9 +250,10 @@ class CpuBackend(Backend):
                 return
         fn = kernel_for(node.op)
         n = self.threads_for(node)
-        set_numba_threads(n)
+        if n > 1 or id(node.op) not in _SERIAL_AT_ONE_IDS:
+            set_numba_threads(n)  # numba.set_num_threads costs ~3.5 us: only for a parallel region
         fn(node, n)
-        if node.op in _ALWAYS_THREADED:
+        if id(node.op) in _ALWAYS_THREADED_IDS:
             forget_numba_threads()
 
     def graph_compute(self, graph: Graph) -> None:

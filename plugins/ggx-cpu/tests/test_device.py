@@ -144,3 +144,19 @@ def test_small_ops_run_on_one_thread(dev):
     ctx = ggx.Context()
     small, big = ctx.silu(ctx.tensor(GType.F32, (16,))), ctx.silu(ctx.tensor(GType.F32, (4096, 8)))
     assert be.threads_for(small) == 1 and be.threads_for(big) == 2
+
+
+def test_thread_count_follows_the_work(dev):
+    """SET_ROWS counts the rows it writes (not its destination, a whole KV cache); one token's
+    attention over a short cache runs on one thread, a batch's on all."""
+    be = dev.init_backend(n_threads=2)
+    ctx = ggx.Context()
+    cache = ctx.tensor(GType.F16, (576, 4096))
+    one_row = ctx.set_rows(cache, ctx.tensor(GType.F32, (576, 1)), ctx.tensor(GType.I64, (1,)))
+    many_rows = ctx.set_rows(cache, ctx.tensor(GType.F32, (576, 64)), ctx.tensor(GType.I64, (64,)))
+    assert be.threads_for(one_row) == 1 and be.threads_for(many_rows) == 2
+    k = ctx.tensor(GType.F16, (64, 256, 3))
+    decode = ctx.flash_attn_ext(ctx.tensor(GType.F32, (64, 1, 9)), k, k, scale=0.125)
+    batch = ctx.flash_attn_ext(ctx.tensor(GType.F32, (64, 32, 9)), k, k, scale=0.125)
+    assert be.threads_for(decode) == 1 and be.threads_for(batch) == 2
+    assert dev.init_backend(n_threads=1).threads_for(batch) == 1

@@ -260,3 +260,76 @@ def test_tampered_node_is_refused(cpu):
     out.ne = (32, 2, 1, 1)  # a lie the kernel would overrun on
     with pytest.raises(GGXShapeError):
         ggx.compute(out, {a: np.zeros((2, 16), np.float32)}, device=cpu)
+
+
+# --- one thread (serial row kernels) and n threads (chunks of rows) agree ---------------------------
+def test_serial_and_threaded_row_kernels_agree(cpu):
+    """Small ops run the serial row kernel, big ones a prange over chunks of the same kernel: the
+    bytes must not depend on which (nor on how the rows split: 7 rows over 2 and 3 threads)."""
+    import numba
+
+    from ggx.host import tensor_array
+    from ggx_cpu import device
+
+    rng = np.random.default_rng(11)
+    ctx = ggx.Context()
+    a = ctx.tensor(GType.F32, (64, 7))
+    b = ctx.tensor(GType.F32, (64, 1))
+    pos = ctx.tensor(GType.I32, (7,))
+    mask = ctx.tensor(GType.F16, (64, 7))
+    ids = ctx.tensor(GType.I32, (5,))
+    rows = ctx.tensor(GType.I32, (3,))
+    cache = ctx.tensor(GType.F16, (64, 9))
+    heads = ctx.reshape(a, [16, 4, 7])
+    outs = [ctx.add(a, b), ctx.mul(a, b), ctx.scale(a, 0.5, 0.25), ctx.gelu(a, GeluKind.TANH), ctx.swiglu(a),
+            ctx.rms_norm(a, 1e-5), ctx.norm(a, 1e-5), ctx.rope(heads, pos, 16, RopeMode.NEOX, 10000.0),
+            ctx.soft_max(a, mask, 0.3), ctx.get_rows(a, rows),
+            ctx.set_rows(cache, ctx.view(a, [64, 5], [a.nb[1]]), ids)]
+    m = np.zeros((7, 64), np.float32)
+    m[:, 40:] = -np.inf
+    inputs = {a: rng.standard_normal((7, 64)), b: rng.standard_normal((1, 64)), pos: np.arange(7) * 3,
+              mask: m, ids: np.array([8, 0, 3, 5, 1]), rows: np.array([6, 0, 6]), cache: np.zeros((9, 64), np.float32)}
+    ggx.compute(outs, inputs, device=cpu)
+    runs = []
+    for n in (1, 2, 3):
+        device.set_numba_threads(n)
+        got = []
+        for out in outs:
+            device.kernel_for(out.op)(out, n)
+            got.append(tensor_array(out).copy())
+        runs.append(got)
+    device.forget_numba_threads()
+    assert numba.get_num_threads() >= 1
+    for one, many in zip(runs[0], runs[1]):
+        assert one.tobytes() == many.tobytes()
+    for one, many in zip(runs[0], runs[2]):
+        assert one.tobytes() == many.tobytes()
+    written = runs[0][-1].reshape(9, 64).view(np.float16).astype(np.float32)
+    assert np.array_equal(written[8], inputs[a][0].astype(np.float16).astype(np.float32))
+    assert np.abs(runs[0][0]).sum() > 0
+
+
+def test_remembered_layouts_still_refuse_an_edited_view(cpu):
+    """Layout proofs are remembered per (type, ne, nb, offset, buffer size): a view moved or
+    widened after a successful run is a new layout, checked again before the kernel."""
+    from ggx.host import tensor_array
+    from ggx_cpu import device
+
+    ctx = ggx.Context()
+    a = ctx.tensor(GType.F32, (16, 4))
+    v = ctx.view(a, [16, 2], [a.nb[1]], offset=0)
+    out = ctx.silu(v)
+    ggx.compute(out, {a: np.ones((4, 16), np.float32)}, device=cpu)
+    silu = device.kernel_for(out.op)
+    silu(out, 1)  # the same layout again: fine
+    assert np.allclose(tensor_array(out), 1 / (1 + np.exp(-1.0)))
+    v.view_offs = 3 * a.nb[1]  # rows 3..4 of a 4-row buffer: overruns it
+    with pytest.raises(GGXShapeError, match="overruns"):
+        silu(out, 1)
+    v.view_offs = 0
+    size = a.data_buffer.data.size
+    v.nb = (4, size, 2 * size, 2 * size)  # a row stride that reaches past the end
+    with pytest.raises(GGXShapeError, match="overruns"):
+        silu(out, 1)
+    v.nb = [4, 64, 128, 128]  # edited into a list: checked, not remembered
+    silu(out, 1)

@@ -10,16 +10,19 @@
 - `supports_op`: MUL_MAT with a 2-D weight, MUL_MAT_ID with a 3-D expert weight, the weight
   (not a view of it) in this buffer type with a layout for this CPU (type in the selection
   table, rows divisible by the group), F32 activations in host memory with contiguous rows.
-- `compute_forward`: quantizes the activations once (ggx-cpu's `quantize_act`, the weight's
-  vec_dot_type) and runs one `kernels.repack_mm` region: gemv for one column, gemm tiles for more.
+- `compute_forward`: one compiled call, `kernels.repack_mm`, which quantizes the activations
+  once (ggx-cpu's `q8_rows` / `q8k_rows`, the weight's vec_dot_type) and runs one parallel
+  region: a register gemv for one column, gemm tiles for more.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from ggx.backend import Buffer, BufferUsage, Device, ExtraBufferType
 from ggx.errors import GGXOutOfMemory, GGXShapeError, GGXUnsupported
-from ggx.host import aligned_empty, tensor_array
+from ggx.host import HostBuffer, aligned_empty, tensor_array
 from ggx.ops import Op
 from ggx.tensor import Tensor
 from ggx.types import GType
@@ -141,7 +144,9 @@ class RepackBufferType(ExtraBufferType):
             return f"weight {a.describe()} is a view or not contiguous"
         if op.op is Op.MUL_MAT and (a.ne[2] != 1 or a.ne[3] != 1):
             return f"MUL_MAT weight {a.describe()} is not 2-D"
-        lay = self.layout_for(a)
+        # set_tensor recorded the layout the bytes are in (any kernel variant runs any layout);
+        # only a weight not yet set asks the selection table
+        lay = a.extra if isinstance(a.extra, Layout) else self.layout_for(a)
         if lay is None:
             return f"weight {a.describe()} has no repacked layout on this CPU (ISA {_isa()})"
         if b.type is not GType.F32 or a.ne[0] != b.ne[0] or not b.has_contiguous_rows():
@@ -156,6 +161,11 @@ class RepackBufferType(ExtraBufferType):
             ids = op.src[2]
             if ids.type is not GType.I32 or ids.ne[2] != 1 or ids.ne[3] != 1 or b.ne[3] != 1:
                 return f"MUL_MAT_ID ids {ids.describe()} / b {b.describe()} have unexpected shapes"
+            want = (a.ne[1], ids.ne[0], ids.ne[1], 1)
+        else:
+            want = (a.ne[1], b.ne[1], b.ne[2], b.ne[3])
+        if tuple(op.ne) != want:  # the kernel writes exactly this many rows of M
+            return f"destination {op.describe()} should be {list(want)}"
         return None
 
     def supports_op(self, op: Tensor) -> bool:
@@ -179,14 +189,21 @@ class RepackBufferType(ExtraBufferType):
 
 
 # --- compute ----------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1024)
+def _mul_mat_plan(off: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(wg, cstart, cols) of a MUL_MAT with its weight at byte `off` and n columns: a pure
+    function of its key, cached because every decode step asks again (kernels never write them)."""
+    cols = np.arange(n, dtype=np.int64)
+    return np.array([off], np.int64), np.array([0, n], np.int64), cols
+
+
 def _columns(op: Tensor, lay: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(wg, cstart, ycol, ocol) of `kernels.repack_mm` for a MUL_MAT or MUL_MAT_ID node."""
     a, b = op.src[0], op.src[1]
     off = a.data_offset
     if op.op is Op.MUL_MAT:  # one matrix for every column of b (b's dims 2/3 broadcast over it)
-        n = b.ne[1] * b.ne[2] * b.ne[3]
-        cols = np.arange(n, dtype=np.int64)
-        return np.array([off], np.int64), np.array([0, n], np.int64), cols, cols
+        wg, cstart, cols = _mul_mat_plan(off, b.ne[1] * b.ne[2] * b.ne[3])
+        return wg, cstart, cols, cols
     ids = op.src[2]
     n_used, n_tokens = ids.ne[0], ids.ne[1]
     experts = np.ascontiguousarray(tensor_array(ids)).reshape(n_tokens, n_used)
@@ -203,24 +220,45 @@ def _columns(op: Tensor, lay: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return (off + used * per_expert).astype(np.int64), cstart, ycol.astype(np.int64), slots.astype(np.int64)
 
 
-def _run(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> None:
-    """Quantize the activations once, then one parallel kernel over (matrix, row group)."""
-    from ggx_cpu import isa
-    from ggx_cpu.kernels.quantize_act import quantize_act
+def _f32_rows(t: Tensor, k: int) -> np.ndarray | None:
+    """A contiguous F32 tensor's values as a [rows, k] view of its host buffer (numpy refuses a
+    view past the buffer's end), or None when t is strided or not in a HostBuffer."""
+    buf = t.data_buffer
+    ne, nb = t.ne, t.nb  # contiguity spelled out for F32: Tensor.is_contiguous costs ~2 us
+    if (not isinstance(buf, HostBuffer) or nb[0] != 4 or nb[1] != 4 * ne[0] or nb[2] != nb[1] * ne[1]
+            or nb[3] != nb[2] * ne[2]):
+        return None
+    return np.ndarray((ne[1] * ne[2] * ne[3], k), np.float32, buf.data, t.data_offset)
 
-    from .kernels import lane_rows, repack_mm, set_threads
+
+@functools.cache
+def _lane_rows(lay: Layout) -> np.ndarray:
+    from .kernels import lane_rows
+
+    return lane_rows(lay)
+
+
+def _run(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> None:
+    """One compiled call: quantize the activations, then the parallel kernel over (matrix, row group)."""
+    from ggx_cpu import isa
+
+    from .kernels import call_repack_mm, set_threads
 
     a, b = op.src[0], op.src[1]
     K, M = a.ne[0], a.ne[1]
     wg, cstart, ycol, ocol = _columns(op, lay)
     n = set_threads(n_threads)
-    x = np.ascontiguousarray(tensor_array(b), dtype=np.float32).reshape(-1, K)
-    act = quantize_act(x, a.type.vec_dot_type, n)
-    per = 2 if act.gtype is GType.Q8_K else 8  # s4 holds sums of 16 (Q8_K) or of 4 values
-    ysum = act.s4.reshape(-1, per).sum(axis=1, dtype=np.int32)
-    view = tensor_array(op)
-    out = view.reshape(-1) if view.flags.c_contiguous else np.empty(view.size, np.float32)
-    repack_mm(isa.token(), lay, w, wg, lay.group_bytes, K // a.type.block_size, K, M,
-              act.qs, act.d, ysum, act.s, cstart, ycol, ocol, lane_rows(lay), out)
-    if not view.flags.c_contiguous:
+    x = _f32_rows(b, K)
+    if x is None:  # strided b: one copy
+        x = np.ascontiguousarray(tensor_array(b), dtype=np.float32).reshape(-1, K)
+    rows = _f32_rows(op, M)
+    view = None
+    if rows is not None:
+        out = rows.reshape(-1)
+    else:  # strided destination: compute into a copy, then write it through the view
+        view = tensor_array(op)
+        out = np.empty(view.size, np.float32)
+    call_repack_mm(isa.token(), lay, w, wg, lay.group_bytes, K // lay.block_size, K, M,
+                   x, cstart, ycol, ocol, _lane_rows(lay), out, n)
+    if view is not None:
         view[...] = out.reshape(view.shape)

@@ -20,13 +20,16 @@ block sums: an integer accumulator starts at -8 * sum(y) / (lanes per row) inste
 Inputs (validated by buffer.py before a kernel runs):
   w       uint8: the repack buffer's bytes; matrix g's groups start at byte wg[g], group i's
           block j at wg[g] + (i * nbk + j) * gbytes.
-  yq, yd  activations quantized by ggx-cpu's `quantize_act` (int8 values, one row of K per
-          column; float32 scale per block of 32, or 256 for Q8_K).
+  x       float32 [n, K] activation rows (C-contiguous); repack_mm quantizes them itself with
+          ggx-cpu's `q8_rows` / `q8k_rows` (the weight's vec_dot_type) into
+  yq, yd  int8 values, one row of K per column; float32 scale per block of 32 (256 for Q8_K);
   ysum    int32 sum of the values of each 32-value activation block; ys float32 Q8_1 `s`.
   cstart, ycol, ocol  matrix g multiplies columns cstart[g]..cstart[g+1]: activation row
           ycol[c], output row ocol[c] of `out` (rows of M floats).
 """
 from __future__ import annotations
+
+import functools
 
 import numba
 import numpy as np
@@ -41,6 +44,7 @@ from ggx_cpu.isa.simd import (
     IsaType,
     _llty,
     add_i32x8,
+    fma_f32x8,
     fma_i32x8_f32x8,
     load_i8x32,
     load_i32x8,
@@ -48,6 +52,7 @@ from ggx_cpu.isa.simd import (
     zero_f32x8,
     zero_i32x8,
 )
+from ggx_cpu.kernels.quantize_act import q8_rows, q8k_rows
 
 from .layouts import Layout
 
@@ -69,6 +74,12 @@ class LayoutType(types.Type):
 
 @typeof_impl.register(Layout)
 def _typeof_layout(val, c):
+    return _layout_type(val)
+
+
+@functools.cache
+def _layout_type(val: Layout) -> LayoutType:
+    # memoized: building a numba type costs ~2 us, and every kernel call types its layout
     return LayoutType(val.name, val.nrows, val.interleave, val.xor_mask, val.name[:4])
 
 
@@ -118,18 +129,10 @@ def _make_spread(n_in: int, bits: int, pattern: list[int], out: str):
             v = builder.shuffle_vector(v, v, _i32c(pattern))
             if out == "i8":
                 return v
-            i32 = ir.VectorType(ir.IntType(32), 8)
-            x = builder.zext(v, i32)
             if out == "u32":
-                return x
-            # IEEE half bits -> float32 (exact for finite values): see ggx_cpu's f16_bits_to_f32
-            def splat(c):
-                return ir.Constant(i32, [ir.Constant(ir.IntType(32), c)] * 8)
-            mag = builder.shl(builder.and_(x, splat(0x7FFF)), splat(13))
-            sign = builder.shl(builder.and_(x, splat(0x8000)), splat(16))
-            f32 = ir.VectorType(ir.FloatType(), 8)
-            f = builder.fmul(builder.bitcast(mag, f32), ir.Constant(f32, [ir.Constant(ir.FloatType(), 2.0**112)] * 8))
-            return builder.bitcast(builder.or_(builder.bitcast(f, i32), sign), f32)
+                return builder.zext(v, ir.VectorType(ir.IntType(32), 8))
+            # IEEE half bits -> float32: LLVM's exact fpext (one vcvtph2ps where F16C exists)
+            return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 8)), _llty(F32x8))
 
         return ret(arr, types.intp), codegen
 
@@ -501,36 +504,213 @@ def _ol_block(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
         isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc)
 
 
+# --- gemv: one column, accumulators in registers ------------------------------------------------
+@intrinsic
+def _lane(typingctx, v, i):
+    """Lane i of a float32 x 8 vector."""
+    if v != F32x8 or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1], types.intp))
+
+    return types.float32(F32x8, i), codegen
+
+
+@njit(cache=True, inline="always")
+def _store_rows(out, oo, rows, n, a, b):
+    """out[oo + r] = sum of the lanes of accumulators a (lanes 0-7) and b (8-15) that hold row r."""
+    for r in range(n):
+        out[oo + r] = 0.0
+    for lane in range(8):
+        out[oo + rows[lane]] += _lane(a, lane)
+        out[oo + rows[lane + 8]] += _lane(b, lane)
+
+
+@njit(cache=True, inline="always")
+def _gemv_q4(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows):
+    """One Q4_0 / Q4_1 row group against one column: the gemv, as _block_q4 with nt = 1 but
+    with both float accumulators kept in registers across all K blocks."""
+    fa = zero_f32x8()
+    fb = zero_f32x8()
+    for b in range(nbk):
+        o = base + b * gbytes
+        qo = o + _head(lay)
+        y = col * K + b * 32
+        blk = col * nbk + b
+        init = _splat_i32x8(np.int32(_corr(lay) * ysum[blk]))
+        dy = splat_f32x8(yd[blk])
+        l0, h0 = _nibbles(load_i8x32(w, qo), _mask(lay))
+        l1, h1 = _nibbles(load_i8x32(w, qo + 32), _mask(lay))
+        if _is8(lay):
+            l2, h2 = _nibbles(load_i8x32(w, qo + 64), _mask(lay))
+            l3, h3 = _nibbles(load_i8x32(w, qo + 96), _mask(lay))
+            ia = _dot(isa, _dot(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
+            ia = _dot(isa, _dot(isa, ia, l2, _yop(lay, yq, y + 8)), h2, _yop(lay, yq, y + 24))
+            ib = _dot(isa, _dot(isa, init, l1, _yop(lay, yq, y)), h1, _yop(lay, yq, y + 16))
+            ib = _dot(isa, _dot(isa, ib, l3, _yop(lay, yq, y + 8)), h3, _yop(lay, yq, y + 24))
+            fa = fma_i32x8_f32x8(fa, ia, _mul_f32x8(_scales(lay, w, o, 0), dy))
+            fb = fma_i32x8_f32x8(fb, ib, _mul_f32x8(_scales(lay, w, o, 1), dy))
+        else:  # A and B lanes hold the same rows: one float update
+            ia = _dot(isa, _dot(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
+            ib = _dot(isa, _dot(isa, init, l1, _yop(lay, yq, y + 8)), h1, _yop(lay, yq, y + 24))
+            fa = fma_i32x8_f32x8(fa, add_i32x8(ia, ib), _mul_f32x8(_scales(lay, w, o, 0), dy))
+        if _is_q4_1(lay):  # m * s, shared by the lanes of a row (inv_lpr: 1 / lanes per row, exact)
+            sm = splat_f32x8(ys[blk] * np.float32(_inv_lpr(lay)))
+            fa = fma_f32x8(fa, _scales(lay, w, o + 2 * lay_rows(lay), 0), sm)
+            if _is8(lay):
+                fb = fma_f32x8(fb, _scales(lay, w, o + 2 * lay_rows(lay), 1), sm)
+    _store_rows(out, oo, rows, lay_rows(lay), fa, fb)
+
+
+@njit(cache=True, inline="always")
+def _gemv_q8(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows):
+    """One Q8_0 4x4 row group against one column (see _block_q8), accumulator in registers."""
+    fa = zero_f32x8()
+    for b in range(nbk):
+        o = base + b * gbytes
+        qo = o + 8
+        y = col * K + b * 32
+        blk = col * nbk + b
+        init = _splat_i32x8(np.int32(_q8_corr(isa) * ysum[blk]))
+        ia = _dot_q8(isa, _dot_q8(isa, init, load_i8x32(w, qo), _bcast4x2(yq, y)),
+                     load_i8x32(w, qo + 64), _bcast4x2(yq, y + 16))
+        ib = _dot_q8(isa, _dot_q8(isa, init, load_i8x32(w, qo + 32), _bcast4x2(yq, y + 8)),
+                     load_i8x32(w, qo + 96), _bcast4x2(yq, y + 24))
+        fa = fma_i32x8_f32x8(fa, add_i32x8(ia, ib), _mul_f32x8(_f16_quad2(w, o), splat_f32x8(yd[blk])))
+    _store_rows(out, oo, rows, 4, fa, zero_f32x8())
+
+
+def _gemv(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows):
+    """The register gemv of the layout's family (Q4_K has none: it takes the tile path)."""
+
+
+@overload(_gemv, inline="always")
+def _ol_gemv(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows):
+    f = {"q4_0": _gemv_q4, "q4_1": _gemv_q4, "q8_0": _gemv_q8}.get(lay.family)
+    if f is None:
+        return lambda isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows: None
+    return lambda isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows: f(
+        isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows)
+
+
+_has_gemv = _const_overload("_has_gemv", lambda t: t.family != "q4_K")
+
+
+# --- activation quantization, inside the kernel ----------------------------------------------------
+def _quant(lay, x, qs, yd, ys, s4, ysum, r0, r1):
+    """Rows r0..r1 of x to the layout's vec_dot_type (Q8_0/Q8_1 or Q8_K) plus ysum per 32 values."""
+
+
+@njit(cache=True)
+def _ysum(s4, ysum, per, i0, i1):
+    """ysum[i] = the sum of s4[per * i: per * (i + 1)] (s4: sums of 4, or Q8_K's sums of 16)."""
+    for i in range(i0, i1):
+        total = np.int32(0)
+        for j in range(per):
+            total += s4[per * i + j]
+        ysum[i] = total
+
+
+@overload(_quant, inline="always")
+def _ol_quant(lay, x, qs, yd, ys, s4, ysum, r0, r1):
+    if lay.family == "q4_K":
+        def q8k(lay, x, qs, yd, ys, s4, ysum, r0, r1):
+            q8k_rows(x, qs, yd, s4, r0, r1)
+            _ysum(s4, ysum, 2, r0 * (x.shape[1] // 32), r1 * (x.shape[1] // 32))
+        return q8k
+
+    def q8(lay, x, qs, yd, ys, s4, ysum, r0, r1):
+        q8_rows(x, qs, yd, ys, s4, r0, r1)
+        _ysum(s4, ysum, 8, r0 * (x.shape[1] // 32), r1 * (x.shape[1] // 32))
+    return q8
+
+
+_qblock = _const_overload("_qblock", lambda t: 256 if t.family == "q4_K" else 32)
+_sgroup = _const_overload("_sgroup", lambda t: 16 if t.family == "q4_K" else 4)
+
+QUANT_PARALLEL_MIN = 1 << 16  # activation values below which quantizing serially beats a second region
+
+
 # --- the kernel -------------------------------------------------------------------------------------
 @njit(cache=True, parallel=True)
-def repack_mm(isa, lay, w, wg, gbytes, nbk, K, M, yq, yd, ysum, ys, cstart, ycol, ocol, rows, out):
-    """MUL_MAT / MUL_MAT_ID on repacked weights: one parallel region over (matrix, row group).
+def repack_mm(isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, out, nthreads):
+    """MUL_MAT / MUL_MAT_ID on repacked weights, F32 activations x [n, K] in, one compiled call.
 
-    A task takes its columns TILE at a time (gemm; a single column is the gemv case): every
-    group block's weights are loaded and unpacked once per tile and serve all its columns.
+    The activations are quantized here (serially when small, else a first parallel region),
+    then one parallel region runs over `nthreads` contiguous chunks of (matrix, row group)
+    tasks, each chunk allocating its scratch once. A task with a single column runs the
+    register gemv; otherwise columns go TILE at a time (gemm): every group block's weights are
+    loaded and unpacked once per tile and serve all its columns.
     """
+    n = x.shape[0]
+    qs = np.empty(n * K, np.int8)
+    yd = np.empty(n * K // _qblock(lay), np.float32)
+    ys = np.empty(n * K // _qblock(lay), np.float32)
+    s4 = np.empty(n * K // _sgroup(lay), np.int32)
+    ysum = np.empty(n * K // 32, np.int32)
+    nq = min(n, 4 * nthreads) if n * K >= QUANT_PARALLEL_MIN and nthreads > 1 and n > 1 else 1
+    if nq > 1:
+        for c in prange(nq):
+            _quant(lay, x, qs, yd, ys, s4, ysum, c * n // nq, (c + 1) * n // nq)
+    else:
+        _quant(lay, x, qs, yd, ys, s4, ysum, 0, n)
+
     N = lay_rows(lay)
-    n_mats = wg.shape[0]
     n_groups = M // N
-    for task in prange(n_mats * n_groups):
-        g = task // n_groups
-        grp = task % n_groups
-        base = wg[g] + grp * nbk * gbytes
+    n_tasks = wg.shape[0] * n_groups
+    nch = max(1, min(nthreads, n_tasks))
+    for ch in prange(nch):
         acc = np.empty(TILE * 16, np.float32)
         iacc = np.empty(TILE * 16, np.int32)
-        c = cstart[g]
-        while c < cstart[g + 1]:
-            nt = min(TILE, cstart[g + 1] - c)
-            acc[:] = 0.0
-            for b in range(nbk):
-                _block(isa, lay, w, base + b * gbytes, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc)
-            for t in range(nt):
-                oo = ocol[c + t] * M + grp * N
-                for r in range(N):
-                    out[oo + r] = 0.0
-                for lane in range(16):
-                    out[oo + rows[lane]] += acc[t * 16 + lane]
-            c += nt
+        for task in range(ch * n_tasks // nch, (ch + 1) * n_tasks // nch):
+            g = task // n_groups
+            grp = task % n_groups
+            base = wg[g] + grp * nbk * gbytes
+            c = cstart[g]
+            if _has_gemv(lay) and cstart[g + 1] - c == 1:
+                _gemv(isa, lay, w, base, gbytes, nbk, qs, yd, ysum, ys, ycol[c], K, out, ocol[c] * M + grp * N, rows)
+                continue
+            while c < cstart[g + 1]:
+                nt = min(TILE, cstart[g + 1] - c)
+                acc[:] = 0.0
+                for b in range(nbk):
+                    _block(isa, lay, w, base + b * gbytes, qs, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc)
+                for t in range(nt):
+                    oo = ocol[c + t] * M + grp * N
+                    for r in range(N):
+                        out[oo + r] = 0.0
+                    for lane in range(16):
+                        out[oo + rows[lane]] += acc[t * 16 + lane]
+                c += nt
+
+
+_ENTRIES: dict[tuple, object] = {}
+
+
+def call_repack_mm(isa, lay, w, wg, gbytes: int, nbk: int, K: int, M: int, x, cstart, ycol, ocol, rows, out,
+                   nthreads: int) -> None:
+    """repack_mm(...) without numba's per-call typing of the two tokens (~5 us of a ~20 us gemv).
+
+    The first call for a (variant, layout, array flags) key goes through the dispatcher (which
+    compiles or loads the cached kernel); later ones call that compiled entry point directly.
+    The caller (buffer._run) guarantees what the skipped typing would check: w uint8, x
+    float32 [n, K], out float32, rows / wg / cstart / ycol / ocol int64, all 1-D C-contiguous
+    but x (2-D C-contiguous); x's and out's dtype and ndim and the flags numba types on
+    (writeable, aligned) are in the key, so a caller's slip recompiles or fails typing
+    instead of unboxing an array as the wrong type.
+    """
+    args = (isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, out, nthreads)
+    key = (isa.name, lay, w.flags.writeable, x.flags.writeable, x.flags.aligned, out.flags.aligned, x.ndim, out.ndim,
+           x.dtype.num, out.dtype.num)
+    entry = _ENTRIES.get(key)
+    if entry is not None:
+        entry(*args)
+        return
+    repack_mm(*args)
+    cres = repack_mm.overloads.get(tuple(numba.typeof(a) for a in args))
+    if cres is not None:
+        _ENTRIES[key] = cres.entry_point
 
 
 def set_threads(n_threads: int) -> int:
@@ -540,4 +720,4 @@ def set_threads(n_threads: int) -> int:
     return n
 
 
-__all__ = ["repack_mm", "lane_rows", "set_threads", "LayoutType", "TILE"]
+__all__ = ["repack_mm", "call_repack_mm", "lane_rows", "set_threads", "LayoutType", "TILE"]

@@ -37,6 +37,7 @@ kernels undo it with one xor per 32 bytes). For Q8_0 the mask 0x80 saves work on
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -72,9 +73,15 @@ class Layout:
         n = self.nrows
         return {GType.Q4_0: 2 * n, GType.Q4_1: 4 * n, GType.Q8_0: 2 * n, GType.Q4_K: 4 * n + 16 * n}[self.gtype]
 
-    @property
+    @functools.cached_property
     def group_bytes(self) -> int:
+        """Bytes of one group block (cached: every matmul call asks)."""
         return self.head_bytes + self.nrows * self.quant_bytes
+
+    @functools.cached_property
+    def block_size(self) -> int:
+        """Values per block of the weight type (cached: every matmul call asks)."""
+        return self.gtype.block_size
 
     def packed_nbytes(self, ne: tuple[int, ...]) -> int:
         """Bytes of a contiguous weight [K, M, E, 1] in this layout."""

@@ -58,8 +58,15 @@ def available() -> tuple[str, ...]:
 
 def select(name: str | None = None) -> str:
     """The variant to use: `name`, else $GGX_CPU_ISA, else the best available one."""
-    name = name if name is not None else os.environ.get(ENV_VAR, "").strip().lower() or None
-    if name is None:
+    return _select(name if name is not None else os.environ.get(ENV_VAR, ""), features())
+
+
+@functools.cache
+def _select(name: str, have: frozenset[str]) -> str:
+    """select() for one requested name ('' = best available) on a CPU with features `have`;
+    cached because every matmul call asks (a refusal raises, and exceptions are never cached)."""
+    name = name.strip().lower()
+    if not name:
         return available()[0]
     lack = missing(name)
     if lack:

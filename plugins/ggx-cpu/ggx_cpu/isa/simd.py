@@ -71,7 +71,11 @@ class IsaType(types.Type):
 
 @typeof_impl.register(IsaToken)
 def _typeof_token(val, c):
-    return IsaType(val.name)
+    # memoized on the token: building a numba type costs ~2 us, and every kernel call types its token
+    t = val.__dict__.get("_nb_type")
+    if t is None:
+        t = val._nb_type = IsaType(val.name)
+    return t
 
 
 register_model(IsaType)(models.OpaqueModel)
@@ -83,6 +87,30 @@ def _unbox_token(typ, obj, c):
 
 
 # --- loads ------------------------------------------------------------------------------------
+@intrinsic
+def prefetch(typingctx, arr, off):
+    """Hint the cache to fetch the line holding byte `off` of a byte array (llvm.prefetch, read,
+    keep in all levels). A hint never faults, so `off` may lie past the array's end."""
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.int8, types.uint8) and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+        # integer address arithmetic, not a GEP: the hint may point past the array
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        addr = builder.add(builder.ptrtoint(ptr, ir.IntType(64)),
+                           context.cast(builder, args[1], sig.args[1], types.int64))
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        # rw = 0 (read), locality = 3 (keep in every level), cache type = 1 (data)
+        builder.call(fn, [builder.inttoptr(addr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, off), codegen
+
+
 def _elem_ptr(context, builder, arrty, arr, off):
     ary = context.make_array(arrty)(context, builder, arr)
     return builder.gep(ary.data, [off])

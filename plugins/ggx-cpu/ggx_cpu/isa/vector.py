@@ -13,6 +13,7 @@ Layouts (shared with `ggx_cpu.isa.portable`, which has the same functions and si
   a column starts at value `yo`; `yd` float32 block scale at `yo // 32 + b`; `ys` float32
   Q8_1 `s` (d * sum q) at `yo // 32 + b`; `ys4` int32 sums of 4 consecutive values at `yo // 4 + i`.
 - per-lane accumulators: a row keeps 8 float lanes across all its blocks and sums them once.
+- row quads (`rows4_*`, the gemv): 4 weight rows x 1 column, result r to out[oo + r].
 - tiles: 4 weight rows (at wo + r * wrs) x 4 columns (at yo0..yo3) with 16 accumulators;
   result (r, c) goes to out[oo_c + r].
 """
@@ -33,6 +34,7 @@ from .simd import (
     load_i32x8,
     mul_i32x8,
     nibbles_i8x32,
+    prefetch,
     splat_f32x8,
     zero_f32x8,
     zero_i32x8,
@@ -78,6 +80,12 @@ def _ol_dot_s8s8(isa, acc, w, y, ysum4):
 @njit(cache=True, inline="always")
 def _f16(w, o):
     return f16_at(w, o)
+
+
+@njit(cache=True, inline="always")
+def _nib(w, o):
+    """The 16 bytes of nibbles at w[o] as 32 unsigned values (low nibbles first)."""
+    return nibbles_i8x32(load_i8x16(w, o))
 
 
 @njit(cache=True, inline="always")
@@ -146,6 +154,93 @@ def dot_q8_0(isa, w, wo, nb, yq, yd, ys, ys4, yo):
     if nb % 2:
         acc0 = _q8_0_block(isa, acc0, w, wo + (nb - 1) * 34, yq, yd, ys4, yo + (nb - 1) * 32)
     return hsum_f32x8(acc0) + hsum_f32x8(acc1)
+
+
+# Row quads (the gemv): 4 weight rows x 1 column, the activation block and its scale loaded
+# once for 4 independent accumulator chains; a row dot alone is latency- and overhead-bound.
+@njit(cache=True)
+def rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+    """out[oo + r] = dot_q4_0 of rows wo + r * wrs (r < 4) with the column at yo."""
+    a0 = a1 = a2 = a3 = zero_f32x8()
+    for b in range(nb):
+        o0 = wo + b * 18
+        o1 = o0 + wrs
+        o2 = o1 + wrs
+        o3 = o2 + wrs
+        # the same block of the rows 2 quads ahead: DRAM latency hides behind this quad
+        prefetch(w, o0 + 8 * wrs)
+        prefetch(w, o1 + 8 * wrs)
+        prefetch(w, o2 + 8 * wrs)
+        prefetch(w, o3 + 8 * wrs)
+        y = yo + b * 32
+        v, i, e = load_i8x32(yq, y), mul_i32x8(load_i32x8(ys4, y >> 2), -8), at(yd, y >> 5)
+        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, i, _nib(w, o0 + 2), v), splat_f32x8(_f16(w, o0) * e))
+        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, i, _nib(w, o1 + 2), v), splat_f32x8(_f16(w, o1) * e))
+        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, i, _nib(w, o2 + 2), v), splat_f32x8(_f16(w, o2) * e))
+        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, i, _nib(w, o3 + 2), v), splat_f32x8(_f16(w, o3) * e))
+    out[oo] = hsum_f32x8(a0)
+    out[oo + 1] = hsum_f32x8(a1)
+    out[oo + 2] = hsum_f32x8(a2)
+    out[oo + 3] = hsum_f32x8(a3)
+
+
+@njit(cache=True)
+def rows4_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+    """out[oo + r] = dot_q4_1 of rows wo + r * wrs (r < 4) with the column at yo."""
+    a0 = a1 = a2 = a3 = zero_f32x8()
+    p0 = p1 = p2 = p3 = np.float32(0.0)
+    z = zero_i32x8()
+    for b in range(nb):
+        o0 = wo + b * 20
+        o1 = o0 + wrs
+        o2 = o1 + wrs
+        o3 = o2 + wrs
+        # the same block of the rows 2 quads ahead: DRAM latency hides behind this quad
+        prefetch(w, o0 + 8 * wrs)
+        prefetch(w, o1 + 8 * wrs)
+        prefetch(w, o2 + 8 * wrs)
+        prefetch(w, o3 + 8 * wrs)
+        y = yo + b * 32
+        v, e, sy = load_i8x32(yq, y), at(yd, y >> 5), at(ys, y >> 5)
+        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, z, _nib(w, o0 + 4), v), splat_f32x8(_f16(w, o0) * e))
+        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, z, _nib(w, o1 + 4), v), splat_f32x8(_f16(w, o1) * e))
+        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, z, _nib(w, o2 + 4), v), splat_f32x8(_f16(w, o2) * e))
+        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, z, _nib(w, o3 + 4), v), splat_f32x8(_f16(w, o3) * e))
+        p0 += _f16(w, o0 + 2) * sy
+        p1 += _f16(w, o1 + 2) * sy
+        p2 += _f16(w, o2 + 2) * sy
+        p3 += _f16(w, o3 + 2) * sy
+    out[oo] = hsum_f32x8(a0) + p0
+    out[oo + 1] = hsum_f32x8(a1) + p1
+    out[oo + 2] = hsum_f32x8(a2) + p2
+    out[oo + 3] = hsum_f32x8(a3) + p3
+
+
+@njit(cache=True)
+def rows4_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+    """out[oo + r] = dot_q8_0 of rows wo + r * wrs (r < 4) with the column at yo."""
+    a0 = a1 = a2 = a3 = zero_f32x8()
+    z = zero_i32x8()
+    for b in range(nb):
+        o0 = wo + b * 34
+        o1 = o0 + wrs
+        o2 = o1 + wrs
+        o3 = o2 + wrs
+        # the same block of the rows 2 quads ahead: DRAM latency hides behind this quad
+        prefetch(w, o0 + 8 * wrs)
+        prefetch(w, o1 + 8 * wrs)
+        prefetch(w, o2 + 8 * wrs)
+        prefetch(w, o3 + 8 * wrs)
+        y = yo + b * 32
+        v, s, e = load_i8x32(yq, y), load_i32x8(ys4, y >> 2), at(yd, y >> 5)
+        a0 = fma_i32x8_f32x8(a0, dot_s8s8(isa, z, load_i8x32(w, o0 + 2), v, s), splat_f32x8(_f16(w, o0) * e))
+        a1 = fma_i32x8_f32x8(a1, dot_s8s8(isa, z, load_i8x32(w, o1 + 2), v, s), splat_f32x8(_f16(w, o1) * e))
+        a2 = fma_i32x8_f32x8(a2, dot_s8s8(isa, z, load_i8x32(w, o2 + 2), v, s), splat_f32x8(_f16(w, o2) * e))
+        a3 = fma_i32x8_f32x8(a3, dot_s8s8(isa, z, load_i8x32(w, o3 + 2), v, s), splat_f32x8(_f16(w, o3) * e))
+    out[oo] = hsum_f32x8(a0)
+    out[oo + 1] = hsum_f32x8(a1)
+    out[oo + 2] = hsum_f32x8(a2)
+    out[oo + 3] = hsum_f32x8(a3)
 
 
 @njit(cache=True)

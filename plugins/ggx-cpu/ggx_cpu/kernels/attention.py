@@ -33,10 +33,21 @@ def _h(x):
     return f16_to_f32(f32_to_f16(x))
 
 
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _dot(q, k):
+    """sum q[i] * k[i] in float32, reassociated so that LLVM vectorizes it (ggml's dot is SIMD
+    ordered too); no nnan/ninf flags, so infinities keep their meaning."""
+    s = np.float32(0.0)
+    for i in range(q.size):
+        s += q[i] * as_f32(k[i])
+    return s
+
+
 @njit(cache=True, parallel=True)
 def flash_attn_kernel(scale, softcap, slopes, q_f16, acc_f16,
                       q, qo, qs, qne, k, ko, ks, kne, v, vo, vs_, vne,
                       has_mask, m, mo, ms, mne, d, do, ds):
+    """q, k, v rows are contiguous (checked): they are read as unit-stride slices, which vectorize."""
     D, T, H = qne[0], qne[1], qne[2]
     KV, Dv = kne[1], vne[0]
     rk2 = H // kne[2]
@@ -45,9 +56,10 @@ def flash_attn_kernel(scale, softcap, slopes, q_f16, acc_f16,
         t, h, b = r % T, (r // T) % H, r // (T * H)
         ik2, ik3 = h // rk2, b // rk3
         qb = qo + t * qs[1] + h * qs[2] + b * qs[3]
+        qrow = q[qb: qb + D]
         qv = np.empty(D, np.float32)
         for i in range(D):
-            qv[i] = _h(q[qb + i * qs[0]]) if q_f16 else q[qb + i * qs[0]]
+            qv[i] = _h(qrow[i]) if q_f16 else qrow[i]
         acc = np.zeros(Dv, np.float32)
         mb = mo + t * ms[1] + (h % mne[2]) * ms[2] + (b % mne[3]) * ms[3]
         slope = slopes[h]
@@ -58,10 +70,7 @@ def flash_attn_kernel(scale, softcap, slopes, q_f16, acc_f16,
             if mv == -np.inf:
                 continue
             kb = ko + ic * ks[1] + ik2 * ks[2] + ik3 * ks[3]
-            s = np.float32(0.0)
-            for i in range(D):
-                s += qv[i] * as_f32(k[kb + i * ks[0]])
-            s = s * scale
+            s = _dot(qv, k[kb: kb + D]) * scale
             if softcap != 0:
                 s = softcap * np.float32(math.tanh(s))
             s += mv
@@ -71,17 +80,22 @@ def flash_attn_kernel(scale, softcap, slopes, q_f16, acc_f16,
                 Mold = M
                 M = s
                 ms_ = np.float32(math.exp(Mold - M))
-                for i in range(Dv):
-                    acc[i] = _h(acc[i] * ms_) if acc_f16 else acc[i] * ms_
+                if acc_f16:
+                    for i in range(Dv):
+                        acc[i] = _h(acc[i] * ms_)
+                else:
+                    for i in range(Dv):
+                        acc[i] *= ms_
             else:
                 vs = np.float32(math.exp(s - M))
             vb = vo + ic * vs_[1] + ik2 * vs_[2] + ik3 * vs_[3]
+            vrow = v[vb: vb + Dv]
             if acc_f16:
                 for i in range(Dv):
-                    acc[i] = _h(acc[i] + as_f32(v[vb + i * vs_[0]]) * vs)
+                    acc[i] = _h(acc[i] + as_f32(vrow[i]) * vs)
             else:
                 for i in range(Dv):
-                    acc[i] += as_f32(v[vb + i * vs_[0]]) * vs
+                    acc[i] += as_f32(vrow[i]) * vs
             S = S * ms_ + vs
         inv = np.float32(0.0) if S == 0 else np.float32(1.0) / S
         db = do + h * ds[1] + t * ds[2] + b * ds[3]

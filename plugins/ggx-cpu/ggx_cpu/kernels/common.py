@@ -8,6 +8,8 @@ check bounds.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ggx.errors import GGXShapeError, GGXUnsupported
@@ -21,39 +23,101 @@ ELEM_DTYPES = {GType.F32: np.float32, GType.F16: np.uint16, GType.BF16: np.uint1
 
 Int4 = tuple[int, int, int, int]
 
+# keyed by id(): Enum.__hash__ is a Python-level call, ~0.3 us per lookup on the per-node path
+_DTYPE_BY_ID = {id(k): v for k, v in ELEM_DTYPES.items()}
 
-def host_bytes(t: Tensor, role: str, op: str) -> tuple[np.ndarray, int]:
-    """(uint8 array of t's whole host buffer, byte offset of t's first element), bounds checked."""
+
+# Decode runs the same few hundred nodes every step: the proof that a layout fits its buffer
+# depends only on (type, ne, nb, byte offset, buffer size), so it is made once per layout and
+# remembered (a few us per tensor in Python otherwise, more than the kernel of a one-token op).
+_LAYOUT_MAX = 8192
+_layouts: dict[tuple, tuple[int, Int4, Int4]] = {}
+# typed views of each buffer's bytes, one per element dtype (rebuilt when the buffer's array changes)
+_typed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _host_buffer(t: Tensor, role: str, op: str) -> HostBuffer:
     buf = t.data_buffer
     if buf is None:
         raise GGXUnsupported(f"{op}: {role} {t.describe()} has no storage")
     if not isinstance(buf, HostBuffer):
         raise GGXUnsupported(f"{op}: {role} {t.describe()} lives in {buf.buft.name}, not host memory")
+    return buf
+
+
+def _check_span(t: Tensor, off: int, size: int, role: str, op: str) -> None:
     if any(x < 0 for x in t.nb):
         raise GGXShapeError(f"{op}: {role} {t.describe()} has a negative stride {list(t.nb)}")
-    if t.data_offset < 0 or t.data_offset + t.nbytes > buf.data.size:
-        raise GGXShapeError(f"{op}: {role} {t.describe()} at byte {t.data_offset} (+{t.nbytes}) overruns "
-                            f"its {buf.data.size}-byte buffer")
-    return buf.data, t.data_offset
+    if off < 0 or off + t.nbytes > size:
+        raise GGXShapeError(f"{op}: {role} {t.describe()} at byte {off} (+{t.nbytes}) overruns "
+                            f"its {size}-byte buffer")
+
+
+def host_bytes(t: Tensor, role: str, op: str) -> tuple[np.ndarray, int]:
+    """(uint8 array of t's whole host buffer, byte offset of t's first element), bounds checked."""
+    buf = _host_buffer(t, role, op)
+    off = t.data_offset
+    key = _key(None, t, off, buf)
+    if key is None or key not in _layouts:
+        _check_span(t, off, buf.data.size, role, op)
+        _remember(key, (off, (0, 0, 0, 0), (0, 0, 0, 0)))
+    return buf.data, off
+
+
+def _key(dtype: type | None, t: Tensor, off: int, buf: HostBuffer) -> tuple | None:
+    """What a layout check depends on; None (check every time) for ne/nb edited into lists."""
+    if type(t.ne) is not tuple or type(t.nb) is not tuple:
+        return None
+    return (dtype, t.ne, t.nb, off, buf.data.size, id(t.type))
+
+
+def _remember(key: tuple | None, value: tuple[int, Int4, Int4]) -> None:
+    if key is None:
+        return
+    if len(_layouts) >= _LAYOUT_MAX:  # graphs of many shapes (tests): start over rather than grow
+        _layouts.clear()
+    _layouts[key] = value
+
+
+def _typed_view(buf: HostBuffer, dtype: type) -> np.ndarray:
+    data = buf.data
+    views = _typed.get(buf)
+    if views is None or views[0] is not data:
+        views = _typed[buf] = (data, {})
+    arr = views[1].get(dtype)
+    if arr is None:
+        size = np.dtype(dtype).itemsize
+        arr = views[1][dtype] = data[: data.size // size * size].view(dtype)
+    return arr
 
 
 def elems(t: Tensor, role: str, op: str) -> tuple[np.ndarray, int, Int4, Int4]:
     """(typed 1-D array over t's buffer, element offset, element strides, ne) for an element type."""
-    dtype = ELEM_DTYPES.get(t.type)
+    dtype = _DTYPE_BY_ID.get(id(t.type))
     if dtype is None:
         raise GGXUnsupported(f"{op}: {role} {t.describe()} is not an element type")
-    data, off = host_bytes(t, role, op)
+    buf = _host_buffer(t, role, op)
+    off = t.data_offset
+    key = _key(dtype, t, off, buf)
+    layout = _layouts.get(key) if key is not None else None
+    if layout is None:
+        layout = _elem_layout(t, off, buf.data.size, role, op)
+        _remember(key, layout)
+    return (_typed_view(buf, dtype),) + layout
+
+
+def _elem_layout(t: Tensor, off: int, bufsize: int, role: str, op: str) -> tuple[int, Int4, Int4]:
+    _check_span(t, off, bufsize, role, op)
     size = t.type.type_size
     if off % size or any(nb % size for nb in t.nb):
         raise GGXUnsupported(f"{op}: {role} {t.describe()} (offset {off}, nb {list(t.nb)}) is not aligned to "
                              f"its {size}-byte elements")
     if t.nb[0] == 0 and t.ne[0] > 1:
         raise GGXUnsupported(f"{op}: {role} {t.describe()} repeats one element along ne0 (nb0 = 0)")
-    arr = data[: data.size // size * size].view(dtype)
     st = tuple(nb // size for nb in t.nb)
     # a row of one element may have any nb0; kernels slice rows with step st[0], which must be > 0
     st = (st[0] if t.ne[0] > 1 else 1,) + st[1:]
-    return arr, off // size, st, tuple(int(x) for x in t.ne)
+    return off // size, st, tuple(int(x) for x in t.ne)
 
 
 def need_type(t: Tensor, role: str, op: str, *allowed: GType) -> None:
@@ -81,7 +145,23 @@ def index_values(t: Tensor, role: str, op: str, bound: int) -> None:
     arr, off, st, ne = elems(t, role, op)
     if 0 in ne:
         return
+    if ne == (1, 1, 1, 1):  # one token's row: no strided view to build
+        v = int(arr[off])
+        if v < 0 or v >= bound:
+            raise GGXShapeError(f"{op}: {role} {t.describe()} holds index {v}, outside 0..{bound - 1}")
+        return
     view = np.lib.stride_tricks.as_strided(arr[off:], shape=ne[::-1], strides=tuple(s * arr.itemsize for s in st[::-1]))
     lo, hi = int(view.min()), int(view.max())
     if lo < 0 or hi >= bound:
         raise GGXShapeError(f"{op}: {role} {t.describe()} holds index {lo if lo < 0 else hi}, outside 0..{bound - 1}")
+
+
+def run_rows(serial, parallel, n_threads: int, ne: Int4, *args) -> None:
+    """Run a row kernel over the ne1*ne2*ne3 rows of `ne`: `serial(0, n_rows, *args)` on one thread
+    (no parallel region to start: ~0.3 us against 3-9 us), else `parallel(n_chunks, n_rows, *args)`,
+    which hands each of n_threads threads one contiguous chunk of rows to `serial`."""
+    n_rows = ne[1] * ne[2] * ne[3]
+    if n_threads <= 1 or n_rows <= 1:
+        serial(0, n_rows, *args)
+    else:
+        parallel(min(n_threads, n_rows), n_rows, *args)

@@ -1,6 +1,8 @@
 """ADD, MUL (b broadcast over a), SCALE, SILU, GELU (tanh / erf / quick), GLU (swiglu, geglu).
 
-All F32. Rows (ne0) are the unit of parallel work: one prange over ne1*ne2*ne3 rows per op.
+All F32. Rows (ne0) are the unit of work: each family has one serial `*_rows(r0, r1, ...)` kernel
+over a range of the ne1*ne2*ne3 rows, run directly on one thread (small ops: no parallel region
+to start) or from a prange over n_threads chunks (`common.run_rows`).
 GELU (tanh) and GELU_QUICK follow ggml's CPU: the input is rounded to F16 and looked up in a
 65536-entry table of F16 results (GGML_GELU_FP16); GELU returns 0 for x <= -10 and x for
 x >= 10. GELU_ERF and SILU are plain F32.
@@ -17,7 +19,7 @@ from ggx.ops import GeluKind, GluKind
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_srcs, need_type
+from .common import elems, need_ne, need_srcs, need_type, run_rows
 from .convert import f32_to_f16
 
 # unary codes
@@ -94,12 +96,12 @@ def _unary_row(code, s, b, table, x, y):
             y[i] = activate(code, x[i], table)
 
 
-@njit(cache=True, parallel=True)
-def unary_kernel(code, s, b, table, x, xo, xs, ne, y, yo, ys):
-    """y = f(x) elementwise over ne; SCALE: y = x*s + b. Rows are passed on as 1-D slices,
-    unit-stride ones separately so that LLVM vectorizes them."""
+@njit(cache=True)
+def unary_rows(r0, r1, code, s, b, table, x, xo, xs, ne, y, yo, ys):
+    """y = f(x) elementwise over rows r0..r1-1 of ne; SCALE: y = x*s + b. Rows are passed on as
+    1-D slices, unit-stride ones separately so that LLVM vectorizes them."""
     n0, n1, n2 = ne[0], ne[1], ne[2]
-    for r in prange(ne[1] * ne[2] * ne[3]):
+    for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
@@ -120,11 +122,11 @@ def _binary_row(code, a, b, d):
             d[i] = a[i] * b[i]
 
 
-@njit(cache=True, parallel=True)
-def binary_kernel(code, a, ao, as_, ne, b, bo, bs, bne, d, do, ds):
-    """d = a (op) b with b repeated over a: b index = i % b.ne per dim."""
+@njit(cache=True)
+def binary_rows(r0, r1, code, a, ao, as_, ne, b, bo, bs, bne, d, do, ds):
+    """d = a (op) b over rows r0..r1-1, b repeated over a: b index = i % b.ne per dim."""
     n0, n1, n2 = ne[0], ne[1], ne[2]
-    for r in prange(ne[1] * ne[2] * ne[3]):
+    for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         ab = ao + i1 * as_[1] + i2 * as_[2] + i3 * as_[3]
         bb = bo + (i1 % bne[1]) * bs[1] + (i2 % bne[2]) * bs[2] + (i3 % bne[3]) * bs[3]
@@ -146,11 +148,12 @@ def _glu_row(code, table, g, u, d):
         d[i] = activate(code, g[i], table) * u[i]
 
 
-@njit(cache=True, parallel=True)
-def glu_kernel(code, table, g, go, gs, u, uo, us, ne, d, do, ds):
-    """d = act(gate) * up; gate and up are separate operands (fused rows pass shifted offsets)."""
+@njit(cache=True)
+def glu_rows(r0, r1, code, table, g, go, gs, u, uo, us, ne, d, do, ds):
+    """d = act(gate) * up over rows r0..r1-1; gate and up are separate operands (fused rows pass
+    shifted offsets)."""
     n0, n1, n2 = ne[0], ne[1], ne[2]
-    for r in prange(ne[1] * ne[2] * ne[3]):
+    for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         gb = go + i1 * gs[1] + i2 * gs[2] + i3 * gs[3]
         ub = uo + i1 * us[1] + i2 * us[2] + i3 * us[3]
@@ -162,10 +165,31 @@ def glu_kernel(code, table, g, go, gs, u, uo, us, ne, d, do, ds):
                      d[db: db + (n0 - 1) * ds[0] + 1: ds[0]])
 
 
+@njit(cache=True, parallel=True)
+def unary_kernel(n_chunks, n_rows, code, s, b, table, x, xo, xs, ne, y, yo, ys):
+    for c in prange(n_chunks):
+        unary_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, s, b, table, x, xo, xs, ne, y, yo, ys)
+
+
+@njit(cache=True, parallel=True)
+def binary_kernel(n_chunks, n_rows, code, a, ao, as_, ne, b, bo, bs, bne, d, do, ds):
+    for c in prange(n_chunks):
+        binary_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, a, ao, as_, ne, b, bo, bs, bne,
+                    d, do, ds)
+
+
+@njit(cache=True, parallel=True)
+def glu_kernel(n_chunks, n_rows, code, table, g, go, gs, u, uo, us, ne, d, do, ds):
+    for c in prange(n_chunks):
+        glu_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, table, g, go, gs, u, uo, us, ne,
+                 d, do, ds)
+
+
 _NO_TABLE = np.zeros(1, np.float32)
 
 
-def _unary(node: Tensor, code: int, s: float = 0.0, b: float = 0.0, table: np.ndarray = _NO_TABLE) -> None:
+def _unary(node: Tensor, n_threads: int, code: int, s: float = 0.0, b: float = 0.0,
+           table: np.ndarray = _NO_TABLE) -> None:
     op = node.op.name
     need_srcs(node, 1)
     src = node.src[0]
@@ -174,28 +198,29 @@ def _unary(node: Tensor, code: int, s: float = 0.0, b: float = 0.0, table: np.nd
     need_ne(node, src.ne, "dst", op)
     x, xo, xs, ne = elems(src, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    unary_kernel(code, np.float32(s), np.float32(b), table, x, xo, xs, ne, y, yo, ys)
+    run_rows(unary_rows, unary_kernel, n_threads, ne, code, np.float32(s), np.float32(b), table, x, xo, xs, ne,
+             y, yo, ys)
 
 
 def scale(node: Tensor, n_threads: int) -> None:
-    _unary(node, SCALE, node.params.s, node.params.b)
+    _unary(node, n_threads, SCALE, node.params.s, node.params.b)
 
 
 def silu_op(node: Tensor, n_threads: int) -> None:
-    _unary(node, SILU)
+    _unary(node, n_threads, SILU)
 
 
 def gelu(node: Tensor, n_threads: int) -> None:
     kind = node.params.kind if node.params is not None else GeluKind.TANH
     if kind is GeluKind.TANH:
-        _unary(node, GELU, table=gelu_table("tanh"))
+        _unary(node, n_threads, GELU, table=gelu_table("tanh"))
     elif kind is GeluKind.QUICK:
-        _unary(node, GELU_QUICK, table=gelu_table("quick"))
+        _unary(node, n_threads, GELU_QUICK, table=gelu_table("quick"))
     else:
-        _unary(node, GELU_ERF)
+        _unary(node, n_threads, GELU_ERF)
 
 
-def _binary(node: Tensor, code: int) -> None:
+def _binary(node: Tensor, n_threads: int, code: int) -> None:
     op = node.op.name
     need_srcs(node, 2)
     a, b = node.src[0], node.src[1]
@@ -207,15 +232,15 @@ def _binary(node: Tensor, code: int) -> None:
     aa, ao, as_, ne = elems(a, "a", op)
     bb, bo, bs, bne = elems(b, "b", op)
     dd, do, ds, _ = elems(node, "dst", op)
-    binary_kernel(code, aa, ao, as_, ne, bb, bo, bs, bne, dd, do, ds)
+    run_rows(binary_rows, binary_kernel, n_threads, ne, code, aa, ao, as_, ne, bb, bo, bs, bne, dd, do, ds)
 
 
 def add(node: Tensor, n_threads: int) -> None:
-    _binary(node, ADD)
+    _binary(node, n_threads, ADD)
 
 
 def mul(node: Tensor, n_threads: int) -> None:
-    _binary(node, MUL)
+    _binary(node, n_threads, MUL)
 
 
 def glu(node: Tensor, n_threads: int) -> None:
@@ -241,4 +266,4 @@ def glu(node: Tensor, n_threads: int) -> None:
             raise GGXShapeError(f"GLU: fused input {a.describe()} must have 2x the row of dst {node.describe()}")
         u, uo, us = g, go + (0 if swapped else nc * gs[0]), gs
         go = go + (nc * gs[0] if swapped else 0)
-    glu_kernel(code, table, g, go, gs, u, uo, us, ne, d, do, ds)
+    run_rows(glu_rows, glu_kernel, n_threads, ne, code, table, g, go, gs, u, uo, us, ne, d, do, ds)

@@ -89,10 +89,43 @@ def _tile_stub(name):
     return stub
 
 
+def _rows4_stub(name, dot):
+    """4 rows x 1 column: the vector variants' `rows4_*`, else 4 row dots (portable, K-quants)."""
+    def stub(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+        raise NotImplementedError
+
+    @overload(stub)
+    def _ol(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+        f = _impl(isa, name) if hasattr(_vector_module(), name) and _is_vector(isa) else None
+        if f is not None:
+            return lambda isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo: f(
+                isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
+
+        def rows(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+            for r in range(4):
+                out[oo + r] = np.float32(dot(isa, w, wo + r * wrs, nb, yq, yd, ys, ys4, yo))
+        return rows
+
+    return stub
+
+
+def _vector_module():
+    from ..isa import vector
+
+    return vector
+
+
+def _is_vector(isa) -> bool:
+    return isinstance(isa, IsaType) and isa.isa_name != "portable"
+
+
 _dot_q4_0, _dot_q4_1, _dot_q8_0 = _dot_stub("dot_q4_0"), _dot_stub("dot_q4_1"), _dot_stub("dot_q8_0")
 _dot_q4_K, _dot_q6_K = _dot_stub("dot_q4_K"), _dot_stub("dot_q6_K")
 _tile_q4_0, _tile_q4_1, _tile_q8_0 = _tile_stub("tile_q4_0"), _tile_stub("tile_q4_1"), _tile_stub("tile_q8_0")
 _tile_q4_K, _tile_q6_K = _tile_stub("tile_q4_K"), _tile_stub("tile_q6_K")
+_rows4_q4_0, _rows4_q4_1 = _rows4_stub("rows4_q4_0", _dot_q4_0), _rows4_stub("rows4_q4_1", _dot_q4_1)
+_rows4_q8_0, _rows4_q4_K = _rows4_stub("rows4_q8_0", _dot_q8_0), _rows4_stub("rows4_q4_K", _dot_q4_K)
+_rows4_q6_K = _rows4_stub("rows4_q6_K", _dot_q6_K)
 
 
 @njit(cache=True)
@@ -122,6 +155,20 @@ def _qtile(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, 
         _tile_q6_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
 
 
+@njit(cache=True)
+def _qrows4(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+    if kind == 0:
+        _rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
+    elif kind == 1:
+        _rows4_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
+    elif kind == 2:
+        _rows4_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
+    elif kind == 3:
+        _rows4_q4_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
+    else:
+        _rows4_q6_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
+
+
 @njit(cache=True, parallel=True)
 def _quant_mm(isa, kind, w, wg, wrs, M, nb, yq, yd, ys, ys4, K, cstart, ycol, ocol, out):
     """The quantized MUL_MAT / MUL_MAT_ID kernel: one parallel region over (group, 4 rows)."""
@@ -140,11 +187,14 @@ def _quant_mm(isa, kind, w, wg, wrs, M, nb, yq, yd, ys, ys4, K, cstart, ycol, oc
                        ycol[c] * K, ycol[c + 1] * K, ycol[c + 2] * K, ycol[c + 3] * K, out,
                        ocol[c] * M + r0, ocol[c + 1] * M + r0, ocol[c + 2] * M + r0, ocol[c + 3] * M + r0)
                 c += TILE
-        for cc in range(c, ce):  # gemv and leftover columns: row dots
+        for cc in range(c, ce):  # gemv and leftover columns: row quads, or row dots at the edge
             yo = ycol[cc] * K
             oo = ocol[cc] * M + r0
-            for r in range(nr):
-                out[oo + r] = _qdot(isa, kind, w, wo + r * wrs, nb, yq, yd, ys, ys4, yo)
+            if nr == TILE:
+                _qrows4(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
+            else:
+                for r in range(nr):
+                    out[oo + r] = _qdot(isa, kind, w, wo + r * wrs, nb, yq, yd, ys, ys4, yo)
 
 
 # --- float weights -----------------------------------------------------------------------------

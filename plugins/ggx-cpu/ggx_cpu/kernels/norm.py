@@ -7,7 +7,7 @@ from numba import njit, prange
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_srcs, need_type
+from .common import elems, need_ne, need_srcs, need_type, run_rows
 
 RMS, MEAN_VAR = 0, 1
 
@@ -39,11 +39,12 @@ def _norm_row(code, eps, x, y):
             y[i] *= sc
 
 
-@njit(cache=True, parallel=True)
-def norm_kernel(code, eps, x, xo, xs, ne, y, yo, ys):
-    """RMS: y = x / sqrt(mean(x^2) + eps).  MEAN_VAR: y = (x - mean) / sqrt(mean((x - mean)^2) + eps)."""
+@njit(cache=True)
+def norm_rows(r0, r1, code, eps, x, xo, xs, ne, y, yo, ys):
+    """Rows r0..r1-1. RMS: y = x / sqrt(mean(x^2) + eps).
+    MEAN_VAR: y = (x - mean) / sqrt(mean((x - mean)^2) + eps)."""
     n0, n1, n2 = ne[0], ne[1], ne[2]
-    for r in prange(ne[1] * ne[2] * ne[3]):
+    for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
@@ -53,7 +54,13 @@ def norm_kernel(code, eps, x, xo, xs, ne, y, yo, ys):
             _norm_row(code, eps, x[xb: xb + (n0 - 1) * xs[0] + 1: xs[0]], y[yb: yb + (n0 - 1) * ys[0] + 1: ys[0]])
 
 
-def _norm(node: Tensor, code: int) -> None:
+@njit(cache=True, parallel=True)
+def norm_kernel(n_chunks, n_rows, code, eps, x, xo, xs, ne, y, yo, ys):
+    for c in prange(n_chunks):
+        norm_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, eps, x, xo, xs, ne, y, yo, ys)
+
+
+def _norm(node: Tensor, n_threads: int, code: int) -> None:
     op = node.op.name
     need_srcs(node, 1)
     src = node.src[0]
@@ -62,12 +69,12 @@ def _norm(node: Tensor, code: int) -> None:
     need_ne(node, src.ne, "dst", op)
     x, xo, xs, ne = elems(src, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    norm_kernel(code, np.float32(node.params.eps), x, xo, xs, ne, y, yo, ys)
+    run_rows(norm_rows, norm_kernel, n_threads, ne, code, np.float32(node.params.eps), x, xo, xs, ne, y, yo, ys)
 
 
 def rms_norm(node: Tensor, n_threads: int) -> None:
-    _norm(node, RMS)
+    _norm(node, n_threads, RMS)
 
 
 def norm(node: Tensor, n_threads: int) -> None:
-    _norm(node, MEAN_VAR)
+    _norm(node, n_threads, MEAN_VAR)

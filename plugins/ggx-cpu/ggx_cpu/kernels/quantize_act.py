@@ -16,6 +16,8 @@ from numba import njit, prange
 from ggx.errors import GGXShapeError
 from ggx.types import GType
 
+from .convert import f16_to_f32, f32_to_f16
+
 # Rows per parallel chunk: below this many values a serial call beats waking the threads.
 _PARALLEL_MIN_VALUES = 1 << 16
 
@@ -59,11 +61,23 @@ def _q8_rows(x, qs, d, s, s4, r0, r1):
             s[o // 32] = db * np.float32(total)
 
 
+@njit(cache=True)
+def q8_rows(x, qs, d, s, s4, r0, r1):
+    """Q8_0/Q8_1 of rows r0..r1 of x with d and s rounded to f16 as ggml stores them.
+
+    Callable from other kernels (ggx-repack quantizes inside its own compiled entry)."""
+    _q8_rows(x, qs, d, s, s4, r0, r1)
+    nb = x.shape[1] // 32
+    for i in range(r0 * nb, r1 * nb):
+        d[i] = f16_to_f32(f32_to_f16(d[i]))
+        s[i] = f16_to_f32(f32_to_f16(s[i]))
+
+
 @njit(cache=True, parallel=True)
 def _q8_par(x, qs, d, s, s4, nchunks):
     n = x.shape[0]
     for c in prange(nchunks):
-        _q8_rows(x, qs, d, s, s4, c * n // nchunks, (c + 1) * n // nchunks)
+        q8_rows(x, qs, d, s, s4, c * n // nchunks, (c + 1) * n // nchunks)
 
 
 @njit(cache=True)
@@ -97,6 +111,9 @@ def _q8k_rows(x, qs, d, bsums, r0, r1):
                 bsums[o // 16 + g] = t
 
 
+q8k_rows = _q8k_rows  # public name for other kernels (ggx-repack)
+
+
 @njit(cache=True, parallel=True)
 def _q8k_par(x, qs, d, bsums, nchunks):
     n = x.shape[0]
@@ -126,9 +143,7 @@ def quantize_q8(x: np.ndarray, gtype: GType = GType.Q8_0, n_threads: int = 1) ->
     if x.size >= _PARALLEL_MIN_VALUES and n_threads > 1 and n > 1:
         _q8_par(x, qs, d, s, s4, _chunks(x, n_threads))
     else:
-        _q8_rows(x, qs, d, s, s4, 0, n)
-    d = d.astype(np.float16).astype(np.float32)  # ggml stores d (and s) as f16
-    s = s.astype(np.float16).astype(np.float32)
+        q8_rows(x, qs, d, s, s4, 0, n)
     return Q8Act(gtype, qs, d, s, s4)
 
 

@@ -9,6 +9,7 @@ values at and past n_dims are copied.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -19,7 +20,7 @@ from ggx.ops import RopeMode
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_rows, need_srcs, need_type
+from .common import elems, need_ne, need_rows, need_srcs, need_type, run_rows
 
 
 def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
@@ -38,12 +39,12 @@ def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: fl
     return max(0.0, start), min(n_dims - 1.0, end)
 
 
-@njit(cache=True, parallel=True)
-def rope_kernel(neox, n_dims, theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1,
-                x, xo, xs, ne, pos, po, ps, y, yo, ys):
+@njit(cache=True)
+def rope_rows(r0, r1, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1,
+              x, xo, xs, ne, pos, po, ps, y, yo, ys):
     n0, n1, n2 = ne[0], ne[1], ne[2]
     half = n_dims // 2
-    for r in prange(ne[1] * ne[2] * ne[3]):
+    for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
@@ -72,6 +73,23 @@ def rope_kernel(neox, n_dims, theta_scale, freq_scale, ext_factor, attn_factor, 
             y[yb + i * ys[0]] = x[xb + i * xs[0]]
 
 
+@njit(cache=True, parallel=True)
+def rope_kernel(n_chunks, n_rows, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1,
+                x, xo, xs, ne, pos, po, ps, y, yo, ys):
+    for c in prange(n_chunks):
+        rope_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, neox, n_dims, theta_scale, freq_scale,
+                  ext_factor, attn_factor, corr0, corr1, x, xo, xs, ne, pos, po, ps, y, yo, ys)
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_constants(n_dims: int, freq_base: float, n_ctx_orig: int, beta_fast: float,
+                    beta_slow: float) -> tuple[np.float32, np.float32, np.float32]:
+    """(theta_scale, corr0, corr1) in float32: numpy scalar math, worth computing once per model."""
+    theta_scale = np.float32(np.float32(freq_base) ** np.float32(-2.0 / n_dims))
+    c0, c1 = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    return theta_scale, np.float32(c0), np.float32(c1)
+
+
 def rope(node: Tensor, n_threads: int) -> None:
     op = "ROPE"
     need_srcs(node, 2)
@@ -91,8 +109,7 @@ def rope(node: Tensor, n_threads: int) -> None:
     x, xo, xs, ne = elems(a, "a", op)
     pp, po, ps, _ = elems(pos, "pos", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    theta_scale = np.float32(np.float32(p.freq_base) ** np.float32(-2.0 / p.n_dims))
-    c0, c1 = yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+    theta_scale, c0, c1 = _rope_constants(p.n_dims, p.freq_base, p.n_ctx_orig, p.beta_fast, p.beta_slow)
     f32 = np.float32
-    rope_kernel(p.mode == RopeMode.NEOX, p.n_dims, theta_scale, f32(p.freq_scale), f32(p.ext_factor),
-                f32(p.attn_factor), f32(c0), f32(c1), x, xo, xs, ne, pp, po, ps, y, yo, ys)
+    run_rows(rope_rows, rope_kernel, n_threads, ne, p.mode == RopeMode.NEOX, p.n_dims, theta_scale,
+             f32(p.freq_scale), f32(p.ext_factor), f32(p.attn_factor), c0, c1, x, xo, xs, ne, pp, po, ps, y, yo, ys)

@@ -15,30 +15,44 @@ from ggx.tensor import Tensor
 from ggx.types import GType
 
 from . import LOAD_TYPES, SLOW_STORE_TYPES, STORE_TYPES
-from .common import elems, host_bytes, index_values, need_ne, need_rows, need_srcs, need_type
+from .common import elems, host_bytes, index_values, need_ne, need_rows, need_srcs, need_type, run_rows
 from .convert import load_row, store_row
 
 
-@njit(cache=True, parallel=True)
-def get_rows_kernel(code, a, ao, anb, n0, ids, io, ist, ine, d, do, ds):
-    """a: bytes (byte offset/strides); ids: int32 elements; d: float32 elements."""
+@njit(cache=True)
+def get_rows_rows(r0, r1, code, a, ao, anb, n0, ids, io, ist, ine, d, do, ds):
+    """Output rows r0..r1-1. a: bytes (byte offset/strides); ids: int32 elements; d: float32 elements."""
     n1, n2 = ine[0], ine[1]
-    for r in prange(ine[0] * ine[1] * ine[2]):
+    for r in range(r0, r1):
         i, j, k = r % n1, (r // n1) % n2, r // (n1 * n2)
         row = ids[io + i * ist[0] + j * ist[1] + k * ist[2]]
         db = do + i * ds[1] + j * ds[2] + k * ds[3]
         load_row(a, ao + row * anb[1] + j * anb[2] + k * anb[3], code, n0, d[db: db + n0])
 
 
-@njit(cache=True, parallel=True)
-def set_rows_kernel(code, s, so, ss, sne, ids, io, ist, ine, d, do, dnb):
-    """s: float32 elements; ids: int64 elements; d: bytes (byte offset/strides)."""
+@njit(cache=True)
+def set_rows_rows(r0, r1, code, s, so, ss, sne, ids, io, ist, ine, d, do, dnb):
+    """Source rows r0..r1-1. s: float32 elements; ids: int64 elements; d: bytes (byte offset/strides)."""
     n1, n2 = sne[1], sne[2]
-    for r in prange(sne[1] * sne[2] * sne[3]):
+    for r in range(r0, r1):
         i, j, k = r % n1, (r // n1) % n2, r // (n1 * n2)
         row = ids[io + i * ist[0] + (j % ine[1]) * ist[1] + (k % ine[2]) * ist[2]]
         sb = so + i * ss[1] + j * ss[2] + k * ss[3]
         store_row(s[sb: sb + sne[0]], code, sne[0], d, do + row * dnb[1] + j * dnb[2] + k * dnb[3])
+
+
+@njit(cache=True, parallel=True)
+def get_rows_kernel(n_chunks, n_rows, code, a, ao, anb, n0, ids, io, ist, ine, d, do, ds):
+    for c in prange(n_chunks):
+        get_rows_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, a, ao, anb, n0, ids, io, ist, ine,
+                      d, do, ds)
+
+
+@njit(cache=True, parallel=True)
+def set_rows_kernel(n_chunks, n_rows, code, s, so, ss, sne, ids, io, ist, ine, d, do, dnb):
+    for c in prange(n_chunks):
+        set_rows_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, s, so, ss, sne, ids, io, ist, ine,
+                      d, do, dnb)
 
 
 def get_rows(node: Tensor, n_threads: int) -> None:
@@ -69,7 +83,9 @@ def get_rows(node: Tensor, n_threads: int) -> None:
     need_rows(node, "dst", op)
     ab, ao = host_bytes(a, "a", op)
     d, do, ds, _ = elems(node, "dst", op)
-    get_rows_kernel(a.type.ggml_id, ab, ao, tuple(a.nb), a.ne[0], ii, io, ist, ine, d, do, ds)
+    # rows of the output = the ids' n * ne2 * ne3
+    run_rows(get_rows_rows, get_rows_kernel, n_threads, (0,) + ine[:3], a.type.ggml_id, ab, ao, tuple(a.nb), a.ne[0],
+             ii, io, ist, ine, d, do, ds)
 
 
 def set_rows(node: Tensor, n_threads: int) -> None:
@@ -94,25 +110,22 @@ def set_rows(node: Tensor, n_threads: int) -> None:
         _set_rows_via_quants(dst, src, ids)
         return
     if ii.dtype != np.int64:  # one kernel for both index types
-        view = np.lib.stride_tricks.as_strided(ii[io:], ids.ne[::-1], tuple(x * 4 for x in ist[::-1]))
-        ii = np.ascontiguousarray(view, dtype=np.int64).reshape(-1)
-        io, ist = 0, (1, ids.ne[0], ids.ne[0] * ids.ne[1], ids.ne[0] * ids.ne[1] * ids.ne[2])
+        if ids.nelements == 1:
+            ii, io = np.array([ii[io]], np.int64), 0
+        else:
+            view = np.lib.stride_tricks.as_strided(ii[io:], ids.ne[::-1], tuple(x * 4 for x in ist[::-1]))
+            ii, io = np.ascontiguousarray(view, dtype=np.int64).reshape(-1), 0
+        ist = (1, ids.ne[0], ids.ne[0] * ids.ne[1], ids.ne[0] * ids.ne[1] * ids.ne[2])
     s, so, ss, sne = elems(src, "src", op)
     db, do = host_bytes(dst, "dst", op)
     args = (dst.type.ggml_id, s, so, ss, sne, ii, io, ist, ine, db, do, tuple(dst.nb))
-    planes = np.sort(np.lib.stride_tricks.as_strided(ii[io:], ids.ne[2::-1], tuple(x * 8 for x in ist[2::-1])), axis=-1)
-    if np.any(planes[..., 1:] == planes[..., :-1]):
-        # the same row written twice: threads would race (torn rows); one thread, the last write wins
-        import numba
-
-        before = numba.get_num_threads()
-        numba.set_num_threads(1)
-        try:
-            set_rows_kernel(*args)
-        finally:
-            numba.set_num_threads(before)
-    else:
-        set_rows_kernel(*args)
+    if n_threads > 1 and src.ne[1] > 1:
+        planes = np.sort(np.lib.stride_tricks.as_strided(ii[io:], ids.ne[2::-1], tuple(x * 8 for x in ist[2::-1])),
+                         axis=-1)
+        if np.any(planes[..., 1:] == planes[..., :-1]):
+            # the same row written twice: threads would race (torn rows); one thread, the last write wins
+            n_threads = 1
+    run_rows(set_rows_rows, set_rows_kernel, n_threads, sne, *args)
 
 
 def _set_rows_via_quants(dst: Tensor, src: Tensor, ids: Tensor) -> None:

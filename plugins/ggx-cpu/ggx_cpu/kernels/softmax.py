@@ -16,7 +16,7 @@ from ggx.errors import GGXShapeError
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_srcs, need_type
+from .common import elems, need_ne, need_srcs, need_type, run_rows
 from .convert import as_f32
 
 
@@ -52,10 +52,10 @@ def _softmax_row(scale, slope, has_mask, x, m, y):
         y[i] *= inv
 
 
-@njit(cache=True, parallel=True)
-def softmax_kernel(scale, slopes, has_mask, x, xo, xs, ne, m, mo, ms, mne, y, yo, ys):
+@njit(cache=True)
+def softmax_rows(r0, r1, scale, slopes, has_mask, x, xo, xs, ne, m, mo, ms, mne, y, yo, ys):
     n0, n1, n2 = ne[0], ne[1], ne[2]
-    for r in prange(ne[1] * ne[2] * ne[3]):
+    for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
@@ -65,6 +65,13 @@ def softmax_kernel(scale, slopes, has_mask, x, xo, xs, ne, m, mo, ms, mne, y, yo
         else:
             _softmax_row(scale, slopes[i2], has_mask, x[xb: xb + (n0 - 1) * xs[0] + 1: xs[0]],
                          m[mb: mb + (n0 - 1) * ms[0] + 1: ms[0]], y[yb: yb + (n0 - 1) * ys[0] + 1: ys[0]])
+
+
+@njit(cache=True, parallel=True)
+def softmax_kernel(n_chunks, n_rows, scale, slopes, has_mask, x, xo, xs, ne, m, mo, ms, mne, y, yo, ys):
+    for c in prange(n_chunks):
+        softmax_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, scale, slopes, has_mask,
+                     x, xo, xs, ne, m, mo, ms, mne, y, yo, ys)
 
 
 def soft_max(node: Tensor, n_threads: int) -> None:
@@ -88,4 +95,5 @@ def soft_max(node: Tensor, n_threads: int) -> None:
     else:
         m, mo, ms, mne = x, 0, (1, 0, 0, 0), (1, 1, 1, 1)  # never read
     slopes = alibi_slopes(a.ne[2], p.max_bias)
-    softmax_kernel(np.float32(p.scale), slopes, mask is not None, x, xo, xs, ne, m, mo, ms, mne, y, yo, ys)
+    run_rows(softmax_rows, softmax_kernel, n_threads, ne, np.float32(p.scale), slopes, mask is not None,
+             x, xo, xs, ne, m, mo, ms, mne, y, yo, ys)
