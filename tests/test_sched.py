@@ -182,3 +182,63 @@ def test_backend_failure_names_the_node_and_scheduler_stays_usable():
 def test_last_backend_must_be_host():
     with pytest.raises(GGXUnsupported, match="host"):
         Scheduler([TestDevice().init_backend()])
+
+
+def test_same_graph_object_replans_when_a_weight_moves_to_another_buffer_type():
+    """The decode-loop shortcut (same Graph, same leaf buffers: last key reused) must notice a
+    weight moved elsewhere: the plan is made again and the weight's consumers follow it."""
+    rng = np.random.default_rng(4)
+    graph, weights, inputs = llama_like(n_layer=1)
+    alloc_weights(REF.buffer_type(), weights, rng)
+    values = llama_inputs(inputs, np.random.default_rng(5))
+    expected = run(Scheduler([REF.init_backend()]), graph, values)[0]
+    host_data = {w: get_tensor_data(w) for w in weights}
+    dev = TestDevice(ops={Op.MUL_MAT, Op.ADD, Op.MUL, Op.RMS_NORM, Op.GLU})
+    sched = Scheduler([dev.init_backend(), REF.init_backend()])
+    np.testing.assert_allclose(run(sched, graph, values)[0], expected, rtol=1e-6)
+    assert sched.stats.n_splits == 1 and sched.stats.n_plans == 1  # weights on the host: all on ref
+    run(sched, graph, values)
+    assert sched.stats.plan_reused and sched.stats.n_plans == 1
+    alloc_weights(dev.buffer_type(), weights)  # the same tensors, now in device memory
+    for w, v in host_data.items():
+        set_tensor_data(w, v)
+    np.testing.assert_allclose(run(sched, graph, values)[0], expected, rtol=1e-5, atol=1e-5)
+    assert sched.stats.n_plans == 2 and sched.stats.n_splits > 1
+    wq = next(w for w in weights if w.name.endswith("wq"))
+    assert all(sched.backend_of(n).device is dev for n in graph.nodes if wq in n.src)
+
+
+def test_waits_once_per_split_and_copies_every_input():
+    """A device split with several inputs from the host: one event wait before its async copies
+    (not one per input), and every input arrives."""
+    dev = TestDevice(ops={Op.ADD, Op.MUL})
+    ctx = Context()
+    a, b, c = (ctx.tensor("F32", (8,), n).set_flag(TensorFlag.INPUT) for n in "abc")
+    w = ctx.tensor("F32", (8,), "w")
+    s = ctx.silu(ctx.add(a, b))  # SILU is not on the device: these run on ref
+    t = ctx.silu(ctx.mul(a, c))
+    out = ctx.add(t, ctx.mul(w, s))  # the weight pins its mul to the device; s and t are copied there
+    graph = build_graph(out)
+    rng = np.random.default_rng(0)
+    w_val = rng.uniform(-1, 1, 8).astype(np.float32)
+    alloc_weights(REF.buffer_type(), [w])
+    set_tensor_data(w, w_val)
+    values = {x: rng.uniform(-1, 1, 8).astype(np.float32) for x in (a, b, c)}
+    expected = run(Scheduler([REF.init_backend()]), graph, values)[0]
+    alloc_weights(dev.buffer_type(), [w])
+    set_tensor_data(w, w_val)
+    backend = dev.init_backend()
+    waits = []
+    orig = backend.event_wait
+    backend.event_wait = lambda ev: (waits.append(ev), orig(ev))
+    sched = Scheduler([backend, REF.init_backend()])
+    for _ in range(2):
+        waits.clear()
+        np.testing.assert_allclose(run(sched, graph, values)[0], expected, rtol=1e-6)
+        last = sched.splits[-1]
+        assert last.backend is backend and {i.op for i in last.inputs} == {Op.SILU}
+        assert len(last.inputs) == 2
+        async_splits = [sp for sp in sched.splits if sp.backend is backend
+                        and any(not (i.flags & TensorFlag.INPUT) for i in sp.inputs)]
+        assert len(waits) == len(async_splits)  # one wait per split, not one per input
+        assert sched.stats.n_copies == sum(len(sp.inputs) for sp in sched.splits)

@@ -145,3 +145,16 @@ def test_fused_qkv_and_gate_up_change_nothing(tiny_llama, tiny_model):
         return sum(n.op is Op.MUL_MAT for n in build_graph(logits).nodes)
 
     assert n_mul_mat(plain) - n_mul_mat(tiny_model) == 3 * tiny_model.hp.n_layer
+
+
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_stale_or_garbage_cache_bytes_never_leak(tiny_llama, flash_attn):
+    """The cache is zeroed lazily (slots as they become visible), not at load or reset: NaN bytes
+    left in it before a reset must not reach the logits on either attention path."""
+    m = load_model(tiny_llama, devices=["ref"], n_ctx=512, flash_attn=flash_attn)
+    clean = m.forward(PROMPT)
+    m.cache.buffer.clear(0xFF)  # every F16 cache value becomes NaN
+    again = m.forward(PROMPT)
+    np.testing.assert_array_equal(again, clean)
+    m.eval([i % 200 for i in range(300 - len(PROMPT))])  # crosses into the second 256-slot bucket: zeroed on the way
+    assert m.cache.n_zeroed == 512 and np.isfinite(m.eval([3])).all()

@@ -582,19 +582,26 @@ def _gemv_q8(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, 
 
 
 def _gemv(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows):
-    """The register gemv of the layout's family (Q4_K has none: it takes the tile path)."""
+    """The register gemv of the x86 layouts (q4_0_8x8, q4_1_8x8, q8_0_4x4). The NEON-style
+    Q4_0 groupings and Q4_K take the tile path: a gemv per variant costs ~5 s of cold compile."""
+
+
+def _gemv_kernel(t: LayoutType):
+    if t.family == "q8_0":
+        return _gemv_q8
+    return _gemv_q4 if t.family in ("q4_0", "q4_1") and t.nrows == 8 else None
 
 
 @overload(_gemv, inline="always")
 def _ol_gemv(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows):
-    f = {"q4_0": _gemv_q4, "q4_1": _gemv_q4, "q8_0": _gemv_q8}.get(lay.family)
+    f = _gemv_kernel(lay)
     if f is None:
         return lambda isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows: None
     return lambda isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows: f(
         isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows)
 
 
-_has_gemv = _const_overload("_has_gemv", lambda t: t.family != "q4_K")
+_has_gemv = _const_overload("_has_gemv", lambda t: _gemv_kernel(t) is not None)
 
 
 # --- activation quantization, inside the kernel ----------------------------------------------------
