@@ -332,20 +332,12 @@ class NoopHostBackend(Backend):
 # --- weights and graphs -----------------------------------------------------------------------
 def alloc_weights(buft: BufferType, tensors: list[Tensor], rng: np.random.Generator | None = None) -> Buffer:
     """Place `tensors` back to back in one WEIGHTS buffer of `buft` and fill them with small values."""
+    from ggx.alloc import alloc_tensors
     from ggx.compute import to_raw
 
-    align = buft.alignment
-    offs, size = [], 0
-    for t in tensors:
-        size = (size + align - 1) // align * align
-        offs.append(size)
-        size += max(buft.get_alloc_size(t), 1)
-    buf = buft.alloc_buffer(size)
-    buf.usage = BufferUsage.WEIGHTS
-    for t, o in zip(tensors, offs):
-        t.buffer, t.offset = buf, o
-        buf.init_tensor(t)
-        if rng is not None:
+    buf = alloc_tensors(buft, tensors, BufferUsage.WEIGHTS)
+    if rng is not None:
+        for t in tensors:
             buf.set_tensor(t, to_raw(t, rng.uniform(-0.5, 0.5, t.shape).astype(np.float32)))
     return buf
 

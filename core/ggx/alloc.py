@@ -133,6 +133,23 @@ class _Arena:
 _SCRATCH: weakref.WeakSet[Buffer] = weakref.WeakSet()
 
 
+def alloc_tensors(buft: BufferType, tensors: Sequence[Tensor], usage: BufferUsage = BufferUsage.ANY) -> Buffer:
+    """One buffer of `buft` holding `tensors` back to back at aligned offsets, no reuse
+    (ggml_backend_alloc_ctx_tensors_from_buft): for weights and for tensors that live across graphs."""
+    align = buft.alignment
+    offsets, size = [], 0
+    for t in tensors:
+        size = (size + align - 1) // align * align
+        offsets.append(size)
+        size += max(buft.get_alloc_size(t), 1)
+    buf = buft.alloc_buffer(size)
+    buf.usage = usage
+    for t, off in zip(tensors, offsets):
+        t.buffer, t.offset = buf, off
+        buf.init_tensor(t)
+    return buf
+
+
 def is_scratch(buffer: Buffer | None) -> bool:
     """Is `buffer` a compute buffer made by a graph allocator (so its tensors may be re-placed)?"""
     return buffer is not None and buffer in _SCRATCH

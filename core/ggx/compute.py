@@ -5,7 +5,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .backend import Backend, Buffer, BufferType, Device
+from .alloc import alloc_tensors
+from .backend import Backend, Device
 from .errors import GGXShapeError, GGXUnsupported
 from .graph import Graph, build_graph
 from .sched import Scheduler
@@ -110,21 +111,6 @@ def get_tensor_data(t: Tensor) -> np.ndarray:
     return _fresh_values(t, raw)
 
 
-def _alloc(buft: BufferType, tensors: Sequence[Tensor]) -> Buffer:
-    """One buffer holding `tensors` back to back at aligned offsets (no reuse)."""
-    align = buft.alignment
-    offsets, size = [], 0
-    for t in tensors:
-        size = (size + align - 1) // align * align
-        offsets.append(size)
-        size += max(buft.get_alloc_size(t), 1)
-    buf = buft.alloc_buffer(size)
-    for t, off in zip(tensors, offsets):
-        t.buffer, t.offset = buf, off
-        buf.init_tensor(t)
-    return buf
-
-
 def compute(outputs: Sequence[Tensor] | Tensor, inputs: Mapping[Tensor, np.ndarray] | None = None,
             device: Device | str | None = None) -> list[np.ndarray]:
     """Compute `outputs` on one device and return them as numpy arrays (numpy order = ne reversed).
@@ -151,7 +137,7 @@ def compute(outputs: Sequence[Tensor] | Tensor, inputs: Mapping[Tensor, np.ndarr
             raise GGXShapeError(f"leaf {t.describe()} {where}: pass it in inputs=")
     if fresh:
         for t in fresh:
-            _alloc(buft, [t])
+            alloc_tensors(buft, [t])
     for t, value in inputs.items():
         t.flags |= TensorFlag.INPUT
         set_tensor_data(t, value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from .alloc import alloc_tensors
 from .backend import Buffer, BufferType, BufferUsage, Device, DeviceType, ExtraBufferType
 from .errors import GGXUnsupported
 from .graph import Context
@@ -113,18 +114,4 @@ def alloc_weights(placement: Mapping[Tensor, BufferType] | Iterable[tuple[Tensor
         if t.view_src is not None:
             raise GGXUnsupported(f"weight {t.describe()} is a view; place its source instead")
         groups.setdefault(id(buft), (buft, []))[1].append(t)
-    buffers = []
-    for buft, tensors in groups.values():
-        align = buft.alignment
-        offsets, size = [], 0
-        for t in tensors:
-            size = (size + align - 1) // align * align
-            offsets.append(size)
-            size += max(buft.get_alloc_size(t), 1)
-        buf = buft.alloc_buffer(size)
-        buf.usage = BufferUsage.WEIGHTS
-        for t, off in zip(tensors, offsets):
-            t.buffer, t.offset = buf, off
-            buf.init_tensor(t)
-        buffers.append(buf)
-    return buffers
+    return [alloc_tensors(buft, tensors, BufferUsage.WEIGHTS) for buft, tensors in groups.values()]
