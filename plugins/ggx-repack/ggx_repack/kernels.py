@@ -432,6 +432,51 @@ def _block_q8(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
 
 
 @njit(cache=True, inline="always")
+def _block_q8xg(isa, lay, w, o, span, yq, yd, ysum, ycol, c, nt, K, b, acc):
+    """`_pair(lay)` Q8_0 4x4 group blocks of one block column (group k at byte o + k * span)
+    against columns c..c+nt: each activation broadcast serves 4 * _pair(lay) rows instead of 4
+    (what bounds the one-group gemm). Column t's group k accumulates in
+    acc[t * 8 * G + 8 * k: ... + 8]. The weights are loaded per column (L1 hits, folded into the
+    products as memory operands) so that AVX2's 16 registers do not spill."""
+    G = _pair(lay)
+    nbk = K // 32
+    for t in range(nt):
+        col = ycol[c + t]
+        y = col * K + b * 32
+        blk = col * nbk + b
+        # the 4 loads of a group block share one lane -> row map: one chain of 4 products per
+        # group, so each lane starts once (2 lanes per row: -128 * sum(y) / 2)
+        init = _splat_i32x8(np.int32(2 * _q8_corr(isa) * ysum[blk]))
+        y0, y1 = _bcast4x2(yq, y), _bcast4x2(yq, y + 8)
+        y2, y3 = _bcast4x2(yq, y + 16), _bcast4x2(yq, y + 24)
+        dy = splat_f32x8(yd[blk])
+        for k in range(G):
+            q = o + k * span + 8
+            i = _dot_q8(isa, _dot_q8(isa, init, load_i8x32(w, q), y0), load_i8x32(w, q + 32), y1)
+            i = _dot_q8(isa, _dot_q8(isa, i, load_i8x32(w, q + 64), y2), load_i8x32(w, q + 96), y3)
+            a = (t * G + k) * 8
+            _store_f32x8(acc, a, fma_i32x8_f32x8(_load_f32x8(acc, a), i, _mul_f32x8(_f16_quad2(w, o + k * span), dy)))
+
+
+def _blockg(isa, lay, w, o, span, yq, yd, ysum, ycol, c, nt, K, b, acc):
+    """`_pair(lay)` group blocks at once (Q8_0 4x4 only); a no-op elsewhere."""
+
+
+@overload(_blockg, inline="always")
+def _ol_blockg(isa, lay, w, o, span, yq, yd, ysum, ycol, c, nt, K, b, acc):
+    if lay.family == "q8_0":
+        return lambda isa, lay, w, o, span, yq, yd, ysum, ycol, c, nt, K, b, acc: _block_q8xg(
+            isa, lay, w, o, span, yq, yd, ysum, ycol, c, nt, K, b, acc)
+    return lambda isa, lay, w, o, span, yq, yd, ysum, ycol, c, nt, K, b, acc: None
+
+
+#: Row groups per gemm task (when the matrix's group count divides by it, else one): Q8_0 4x4
+#: takes eight, so each activation broadcast serves 32 rows (the 8x8 layouts get 8 rows from
+#: one group, and their products also unpack nibbles); the others one.
+_pair = _const_overload("_pair", lambda t: 8 if t.family == "q8_0" else 1)
+
+
+@njit(cache=True, inline="always")
 def _block_q4_K(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
     """One Q4_K 8x8 group super-block (8 rows x 256 values) against columns c..c+nt.
 
@@ -646,8 +691,9 @@ def repack_mm(isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, o
 
     The activations are quantized here (serially when small, else a first parallel region),
     then one parallel region runs over `nthreads` contiguous chunks of (matrix, row group)
-    tasks, each chunk allocating its scratch once. A task with a single column runs the
-    register gemv; otherwise columns go TILE at a time (gemm): every group block's weights are
+    tasks, each chunk allocating its scratch once. A task is one row group, or `_pair(lay)`
+    consecutive ones (Q8_0) when the group count divides by it. A task with a single column runs
+    the register gemv; otherwise columns go TILE at a time (gemm): every group block's weights are
     loaded and unpacked once per tile and serve all its columns.
     """
     n = x.shape[0]
@@ -665,30 +711,42 @@ def repack_mm(isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, o
 
     N = lay_rows(lay)
     n_groups = M // N
-    n_tasks = wg.shape[0] * n_groups
+    unit = _pair(lay) if n_groups % _pair(lay) == 0 else 1  # row groups per task
+    n_units = n_groups // unit
+    n_tasks = wg.shape[0] * n_units
     nch = max(1, min(nthreads, n_tasks))
+    span = nbk * gbytes  # bytes of one row group
     for ch in prange(nch):
-        acc = np.empty(TILE * 16, np.float32)
+        acc = np.empty(TILE * 64, np.float32)  # 64: a Q8_0 task's 8 groups
         iacc = np.empty(TILE * 16, np.int32)
         for task in range(ch * n_tasks // nch, (ch + 1) * n_tasks // nch):
-            g = task // n_groups
-            grp = task % n_groups
-            base = wg[g] + grp * nbk * gbytes
+            g = task // n_units
+            grp = (task % n_units) * unit
+            base = wg[g] + grp * span
             c = cstart[g]
             if _has_gemv(lay) and cstart[g + 1] - c == 1:
-                _gemv(isa, lay, w, base, gbytes, nbk, qs, yd, ysum, ys, ycol[c], K, out, ocol[c] * M + grp * N, rows)
+                for k in range(unit):
+                    _gemv(isa, lay, w, base + k * span, gbytes, nbk, qs, yd, ysum, ys, ycol[c], K, out,
+                          ocol[c] * M + (grp + k) * N, rows)
                 continue
             while c < cstart[g + 1]:
                 nt = min(TILE, cstart[g + 1] - c)
                 acc[:] = 0.0
                 for b in range(nbk):
-                    _block(isa, lay, w, base + b * gbytes, qs, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc)
+                    if unit > 1:
+                        _blockg(isa, lay, w, base + b * gbytes, span, qs, yd, ysum, ycol, c, nt, K, b, acc)
+                    else:
+                        _block(isa, lay, w, base + b * gbytes, qs, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc)
                 for t in range(nt):
                     oo = ocol[c + t] * M + grp * N
-                    for r in range(N):
+                    for r in range(N * unit):
                         out[oo + r] = 0.0
-                    for lane in range(16):
-                        out[oo + rows[lane]] += acc[t * 16 + lane]
+                    if unit > 1:  # 8 lanes per group (lanes 0-7 of lane_rows: rows 0..N-1), groups in order
+                        for lane in range(8 * unit):
+                            out[oo + rows[lane % 8] + (lane // 8) * N] += acc[t * 8 * unit + lane]
+                    else:
+                        for lane in range(16):
+                            out[oo + rows[lane]] += acc[t * 16 + lane]
                 c += nt
 
 

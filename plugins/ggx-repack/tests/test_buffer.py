@@ -15,6 +15,7 @@ from ggx.graph import Context
 from ggx.hookspecs import PRIORITY_REPACK
 from ggx.quants import dequantize, quantize
 from ggx.types import GType
+from ggx_cpu import isa
 from ggx_repack.buffer import RepackBufferType
 
 
@@ -119,6 +120,37 @@ def test_mul_mat_id_experts(cpu, cpu_backend):
     wf = dequantize(raw, GType.Q8_0, E * M * K).reshape(E, M, K)
     ref = np.stack([[wf[idv[t, e]] @ xv[t, 0] for e in range(2)] for t in range(3)])
     assert np.abs(got.reshape(3, 2, M) - ref).max() < 0.02 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("variant", isa.available())
+@pytest.mark.parametrize("M, E, n", [(64, 1, 11), (64, 1, 1), (36, 1, 11), (32, 3, 4)])
+def test_q8_0_gemm_group_tasks(cpu, cpu_backend, variant, M, E, n, monkeypatch):
+    """Q8_0 4x4 gemm tasks take 8 row groups (rows % 32 == 0), else one: both, every variant,
+    MUL_MAT (a full tile plus a partial one; the one-column gemv) and MUL_MAT_ID."""
+    monkeypatch.setenv("GGX_CPU_ISA", variant)
+    rng = np.random.default_rng(M + n)
+    K = 128
+    ctx = Context()
+    w = weight(ctx, GType.Q8_0, K=K, M=M, E=E)
+    raw = quantize(rng.standard_normal((E, M, K)).astype(np.float32), GType.Q8_0).reshape(-1)
+    wf = dequantize(raw, GType.Q8_0, E * M * K).reshape(E, M, K)
+    if E == 1:
+        x = ctx.tensor(GType.F32, (K, n), "x")
+        out = ctx.mul_mat(w, x)
+        xv = rng.standard_normal((n, K)).astype(np.float32)
+        inputs = {w: raw, x: xv.view(np.uint8).reshape(-1)}
+        ref = xv @ wf[0].T
+    else:  # every token uses every expert: each expert's task sees n columns
+        x = ctx.tensor(GType.F32, (K, 1, n), "x")
+        ids = ctx.tensor(GType.I32, (E, n), "ids")
+        out = ctx.mul_mat_id(w, x, ids)
+        xv = rng.standard_normal((n, 1, K)).astype(np.float32)
+        idv = np.array([rng.permutation(E) for _ in range(n)], np.int32)
+        inputs = {w: raw, x: xv.view(np.uint8).reshape(-1), ids: idv.view(np.uint8).reshape(-1)}
+        ref = np.stack([[wf[idv[t, e]] @ xv[t, 0] for e in range(E)] for t in range(n)])
+    got, weights = run_repacked(cpu, cpu_backend, repack_buft(cpu), out, inputs)
+    assert weights == [w]
+    assert np.abs(got.reshape(ref.shape) - ref).max() < 0.02 * np.abs(ref).max()
 
 
 def test_disabling_the_plugin_falls_back_cleanly():
