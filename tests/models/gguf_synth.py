@@ -6,20 +6,16 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from ggx.models.tokenizer import _byte_decoder
+
 # a byte-level BPE vocabulary: the 256 byte stand-ins, a few merges, two special tokens
 _MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "a t", "e n"]
 
 
 def _byte_chars() -> list[str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
+    """GPT-2's 256 byte stand-in characters, in byte order (the tokenizer's own table)."""
+    table = _byte_decoder()
+    return sorted(table, key=table.__getitem__)
 
 
 def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
