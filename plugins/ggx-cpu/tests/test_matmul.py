@@ -167,6 +167,15 @@ def test_random_vs_oracle(a_type, n, variant):
     assert nmse(out, ref) < (1e-5 if a_type is GType.Q4_1 else 1e-10)
 
 
+@pytest.mark.parametrize("a_type", [GType.Q4_0, GType.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("k", [32, 96, 320])  # 1, 3 (odd: a last lone block), 10 blocks per row
+def test_gemv_row_quads_any_block_count(a_type, k, variant):
+    """The gemv row quads (AVX-512 VNNI: two blocks per 512-bit step) for odd and even block
+    counts, 13 rows = 3 quads + a lone row, against the oracle."""
+    out, ref = run_mul_mat(a_type, k, 13, 1, n_threads=1, seed=k)
+    assert nmse(out, ref) < (1e-5 if a_type is GType.Q4_1 else 1e-10)
+
+
 @pytest.mark.parametrize("a_type", [GType.Q4_0, GType.Q8_0, GType.F16], ids=lambda t: t.name)
 def test_broadcast_and_permuted_b(a_type, variant):
     out, ref = run_mul_mat(a_type, 256, 8, 5, a23=(2, 1), b23=(6, 2), seed=3)

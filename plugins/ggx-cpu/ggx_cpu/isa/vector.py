@@ -13,20 +13,29 @@ Layouts (shared with `ggx_cpu.isa.portable`, which has the same functions and si
   a column starts at value `yo`; `yd` float32 block scale at `yo // 32 + b`; `ys` float32
   Q8_1 `s` (d * sum q) at `yo // 32 + b`; `ys4` int32 sums of 4 consecutive values at `yo // 4 + i`.
 - per-lane accumulators: a row keeps 8 float lanes across all its blocks and sums them once.
-- row quads (`rows4_*`, the gemv): 4 weight rows x 1 column, result r to out[oo + r].
+- row quads (`rows4_*`, the gemv): 4 weight rows x 1 column, result r to out[oo + r]; an ISA
+  module may define its own (`avx512_vnni` does: two blocks per 512-bit step), which the
+  matmul kernel then uses instead of these.
 - tiles: 4 weight rows (at wo + r * wrs) x 4 columns (at yo0..yo3) with 16 accumulators;
   result (r, c) goes to out[oo_c + r].
 """
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
-from numba.extending import overload
+from numba.core import types
+from numba.extending import intrinsic, overload
 
 from .simd import (
+    F32x8,
+    I8x32,
     IsaType,
+    _elem_ptr,
+    _llty,
     at,
     f16_at,
+    fma_f32x8,
     fma_i32x8_f32x8,
     hsum_f32x8,
     load_i8x16,
@@ -82,10 +91,59 @@ def _f16(w, o):
     return f16_at(w, o)
 
 
-@njit(cache=True, inline="always")
-def _nib(w, o):
-    """The 16 bytes of nibbles at w[o] as 32 unsigned values (low nibbles first)."""
-    return nibbles_i8x32(load_i8x16(w, o))
+def _i32c(values):
+    return ir.Constant(ir.VectorType(ir.IntType(32), len(values)), [ir.Constant(ir.IntType(32), v) for v in values])
+
+
+@intrinsic
+def _nib(typingctx, w, o):
+    """The 16 bytes of nibbles at byte o of w as 32 unsigned values (low nibbles first).
+
+    The 16 bytes are loaded into both halves (vbroadcasti128, a pure load), the high half
+    shifted right by 4 as int32 lanes (vpsrlvd) and every byte masked to 0..15: two ALU
+    operations where and + shift + insert took three (the gemv is bound by them).
+    """
+    if not (isinstance(w, types.Array) and w.dtype in (types.int8, types.uint8) and isinstance(o, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        v16 = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
+        v32 = builder.shuffle_vector(v16, v16, _i32c(list(range(16)) * 2))
+        d = builder.lshr(builder.bitcast(v32, ir.VectorType(ir.IntType(32), 8)), _i32c([0] * 4 + [4] * 4))
+        mask = ir.Constant(_llty(I8x32), [ir.Constant(ir.IntType(8), 15)] * 32)
+        return builder.and_(builder.bitcast(d, _llty(I8x32)), mask)
+
+    return I8x32(w, types.intp), codegen
+
+
+@intrinsic
+def _f16_splat(typingctx, w, o):
+    """The IEEE half at byte o of w in all 8 float lanes: vpbroadcastw + vcvtph2ps, no scalar
+    round trip (vpinsrw + vcvtph2ps + vbroadcastss) per weight block."""
+    if not (isinstance(w, types.Array) and w.dtype in (types.int8, types.uint8) and isinstance(o, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        h = builder.load(builder.bitcast(ptr, ir.HalfType().as_pointer()), align=1)
+        hv = ir.Constant(ir.VectorType(ir.HalfType(), 8), ir.Undefined)
+        hv = builder.insert_element(hv, h, ir.Constant(ir.IntType(32), 0))
+        hv = builder.shuffle_vector(hv, hv, _i32c([0] * 8))
+        return builder.fpext(hv, _llty(F32x8))
+
+    return F32x8(w, types.intp), codegen
+
+
+@intrinsic
+def _mul_f32x8(typingctx, a, b):
+    if a != F32x8 or b != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+
+    return F32x8(F32x8, F32x8), codegen
 
 
 @njit(cache=True, inline="always")
@@ -173,11 +231,12 @@ def rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         prefetch(w, o2 + 8 * wrs)
         prefetch(w, o3 + 8 * wrs)
         y = yo + b * 32
-        v, i, e = load_i8x32(yq, y), mul_i32x8(load_i32x8(ys4, y >> 2), -8), at(yd, y >> 5)
-        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, i, _nib(w, o0 + 2), v), splat_f32x8(_f16(w, o0) * e))
-        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, i, _nib(w, o1 + 2), v), splat_f32x8(_f16(w, o1) * e))
-        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, i, _nib(w, o2 + 2), v), splat_f32x8(_f16(w, o2) * e))
-        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, i, _nib(w, o3 + 2), v), splat_f32x8(_f16(w, o3) * e))
+        # shared by the 4 rows: the activation block, its -8 * sums (lane start), its scale
+        v, i, e = load_i8x32(yq, y), mul_i32x8(load_i32x8(ys4, y >> 2), -8), splat_f32x8(at(yd, y >> 5))
+        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, i, _nib(w, o0 + 2), v), _mul_f32x8(_f16_splat(w, o0), e))
+        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, i, _nib(w, o1 + 2), v), _mul_f32x8(_f16_splat(w, o1), e))
+        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, i, _nib(w, o2 + 2), v), _mul_f32x8(_f16_splat(w, o2), e))
+        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, i, _nib(w, o3 + 2), v), _mul_f32x8(_f16_splat(w, o3), e))
     out[oo] = hsum_f32x8(a0)
     out[oo + 1] = hsum_f32x8(a1)
     out[oo + 2] = hsum_f32x8(a2)
@@ -186,9 +245,13 @@ def rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
 
 @njit(cache=True)
 def rows4_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
-    """out[oo + r] = dot_q4_1 of rows wo + r * wrs (r < 4) with the column at yo."""
+    """out[oo + r] = dot_q4_1 of rows wo + r * wrs (r < 4) with the column at yo.
+
+    The m * s terms go to their own vector accumulators (p*, every lane adds m * s / 8, exact
+    scaling by a power of two): one vector fma per block instead of a scalar f16 round trip.
+    """
     a0 = a1 = a2 = a3 = zero_f32x8()
-    p0 = p1 = p2 = p3 = np.float32(0.0)
+    p0 = p1 = p2 = p3 = zero_f32x8()
     z = zero_i32x8()
     for b in range(nb):
         o0 = wo + b * 20
@@ -201,19 +264,19 @@ def rows4_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         prefetch(w, o2 + 8 * wrs)
         prefetch(w, o3 + 8 * wrs)
         y = yo + b * 32
-        v, e, sy = load_i8x32(yq, y), at(yd, y >> 5), at(ys, y >> 5)
-        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, z, _nib(w, o0 + 4), v), splat_f32x8(_f16(w, o0) * e))
-        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, z, _nib(w, o1 + 4), v), splat_f32x8(_f16(w, o1) * e))
-        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, z, _nib(w, o2 + 4), v), splat_f32x8(_f16(w, o2) * e))
-        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, z, _nib(w, o3 + 4), v), splat_f32x8(_f16(w, o3) * e))
-        p0 += _f16(w, o0 + 2) * sy
-        p1 += _f16(w, o1 + 2) * sy
-        p2 += _f16(w, o2 + 2) * sy
-        p3 += _f16(w, o3 + 2) * sy
-    out[oo] = hsum_f32x8(a0) + p0
-    out[oo + 1] = hsum_f32x8(a1) + p1
-    out[oo + 2] = hsum_f32x8(a2) + p2
-    out[oo + 3] = hsum_f32x8(a3) + p3
+        v, e, sy = load_i8x32(yq, y), splat_f32x8(at(yd, y >> 5)), splat_f32x8(at(ys, y >> 5) * np.float32(0.125))
+        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, z, _nib(w, o0 + 4), v), _mul_f32x8(_f16_splat(w, o0), e))
+        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, z, _nib(w, o1 + 4), v), _mul_f32x8(_f16_splat(w, o1), e))
+        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, z, _nib(w, o2 + 4), v), _mul_f32x8(_f16_splat(w, o2), e))
+        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, z, _nib(w, o3 + 4), v), _mul_f32x8(_f16_splat(w, o3), e))
+        p0 = fma_f32x8(p0, _f16_splat(w, o0 + 2), sy)
+        p1 = fma_f32x8(p1, _f16_splat(w, o1 + 2), sy)
+        p2 = fma_f32x8(p2, _f16_splat(w, o2 + 2), sy)
+        p3 = fma_f32x8(p3, _f16_splat(w, o3 + 2), sy)
+    out[oo] = hsum_f32x8(a0) + hsum_f32x8(p0)
+    out[oo + 1] = hsum_f32x8(a1) + hsum_f32x8(p1)
+    out[oo + 2] = hsum_f32x8(a2) + hsum_f32x8(p2)
+    out[oo + 3] = hsum_f32x8(a3) + hsum_f32x8(p3)
 
 
 @njit(cache=True)
@@ -231,6 +294,7 @@ def rows4_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         prefetch(w, o1 + 8 * wrs)
         prefetch(w, o2 + 8 * wrs)
         prefetch(w, o3 + 8 * wrs)
+        # the same block of the rows 2 quads ahead: DRAM latency hides behind this quad
         y = yo + b * 32
         v, s, e = load_i8x32(yq, y), load_i32x8(ys4, y >> 2), at(yd, y >> 5)
         a0 = fma_i32x8_f32x8(a0, dot_s8s8(isa, z, load_i8x32(w, o0 + 2), v, s), splat_f32x8(_f16(w, o0) * e))

@@ -90,13 +90,17 @@ def _tile_stub(name):
 
 
 def _rows4_stub(name, dot):
-    """4 rows x 1 column: the vector variants' `rows4_*`, else 4 row dots (portable, K-quants)."""
+    """4 rows x 1 column: the ISA module's own `rows4_*` (AVX-512 VNNI: 512-bit), else the vector
+    variants' `rows4_*`, else 4 row dots (portable, K-quants)."""
     def stub(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         raise NotImplementedError
 
     @overload(stub)
     def _ol(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         f = _impl(isa, name) if hasattr(_vector_module(), name) and _is_vector(isa) else None
+        own = _vector_module()._isa_module(isa) if f is not None else None
+        if own is not None and hasattr(own, name):
+            f = getattr(own, name)
         if f is not None:
             return lambda isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo: f(
                 isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
