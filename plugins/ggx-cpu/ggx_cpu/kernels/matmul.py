@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, prange
 from numba.extending import overload
 
 from ggx.errors import GGXShapeError, GGXUnsupported
@@ -35,18 +35,8 @@ from ggx.tensor import Tensor
 from ggx.types import GType
 
 from .. import isa as _isa
-from ..isa.simd import (
-    IsaType,
-    at,
-    bits_to_f32,
-    f16_bits_to_f32,
-    fma_f32x8,
-    hsum_f32x8,
-    load_bf16x8,
-    load_f16x8,
-    load_f32x8,
-    zero_f32x8,
-)
+from ..isa.simd import IsaType
+from .matmul_float import float_mm
 from .quantize_act import quantize_act
 
 QUANT_KINDS = {GType.Q4_0: 0, GType.Q4_1: 1, GType.Q8_0: 2, GType.Q4_K: 3, GType.Q6_K: 4}
@@ -56,12 +46,23 @@ TILE = 4
 
 
 # --- ISA dispatch: the `isa` token's type picks the vector or the portable implementation ------
-def _impl(isa, name):
-    from ..isa import portable, vector
+def _vector_impl(isa, name):
+    """`name` from the vector modules (Q4/Q8 in `vector`, K-quants in `vector_kquants`) for a
+    vector ISA, or None (portable ISA, or no vector version written)."""
+    from ..isa import vector, vector_kquants
 
-    if isinstance(isa, IsaType) and isa.isa_name != "portable" and hasattr(vector, name):
-        return getattr(vector, name)
-    return getattr(portable, name)
+    if not _is_vector(isa):
+        return None
+    for m in (vector, vector_kquants):
+        if hasattr(m, name):
+            return getattr(m, name)
+    return None
+
+
+def _impl(isa, name):
+    from ..isa import portable
+
+    return _vector_impl(isa, name) or getattr(portable, name)
 
 
 def _dot_stub(name):
@@ -91,14 +92,16 @@ def _tile_stub(name):
 
 def _rows4_stub(name, dot):
     """4 rows x 1 column: the ISA module's own `rows4_*` (AVX-512 VNNI: 512-bit), else the vector
-    variants' `rows4_*`, else 4 row dots (portable, K-quants)."""
+    modules' `rows4_*`, else 4 row dots (portable, or no row quad written)."""
     def stub(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         raise NotImplementedError
 
     @overload(stub)
     def _ol(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
-        f = _impl(isa, name) if hasattr(_vector_module(), name) and _is_vector(isa) else None
-        own = _vector_module()._isa_module(isa) if f is not None else None
+        from ..isa import vector
+
+        f = _vector_impl(isa, name)
+        own = vector._isa_module(isa) if f is not None else None
         if own is not None and hasattr(own, name):
             f = getattr(own, name)
         if f is not None:
@@ -111,12 +114,6 @@ def _rows4_stub(name, dot):
         return rows
 
     return stub
-
-
-def _vector_module():
-    from ..isa import vector
-
-    return vector
 
 
 def _is_vector(isa) -> bool:
@@ -199,78 +196,6 @@ def _quant_mm(isa, kind, w, wg, wrs, M, nb, yq, yd, ys, ys4, K, cstart, ycol, oc
             else:
                 for r in range(nr):
                     out[oo + r] = _qdot(isa, kind, w, wo + r * wrs, nb, yq, yd, ys, ys4, yo)
-
-
-# --- float weights -----------------------------------------------------------------------------
-def _wval(w, i):
-    """Weight element i as float32, by the array's dtype: f32, u16 = F16 bits, i16 = BF16 bits."""
-
-
-@overload(_wval, inline="always")
-def _ol_wval(w, i):
-    if w.dtype == types.float32:
-        return lambda w, i: at(w, i)
-    if w.dtype == types.uint16:
-        return lambda w, i: f16_bits_to_f32(at(w, i))
-    if w.dtype == types.int16:
-        return lambda w, i: bits_to_f32(np.uint32(np.uint16(at(w, i))) << np.uint32(16))
-
-
-def _wvec(w, i):
-    """8 weights from element i as float32 lanes, by w's dtype (as _wval)."""
-
-
-@overload(_wvec, inline="always")
-def _ol_wvec(w, i):
-    if w.dtype == types.float32:
-        return lambda w, i: load_f32x8(w, i)
-    if w.dtype == types.uint16:
-        return lambda w, i: load_f16x8(w, i)
-    if w.dtype == types.int16:
-        return lambda w, i: load_bf16x8(w, i)
-
-
-@njit(cache=True)
-def _fdot(w, wo, y, yo, K):
-    """Dot of K weights from w[wo] with K float32 from y[yo]: two 8-lane accumulators."""
-    acc0 = zero_f32x8()
-    acc1 = zero_f32x8()
-    k_main = K - K % 16
-    for k in range(0, k_main, 16):
-        acc0 = fma_f32x8(acc0, _wvec(w, wo + k), load_f32x8(y, yo + k))
-        acc1 = fma_f32x8(acc1, _wvec(w, wo + k + 8), load_f32x8(y, yo + k + 8))
-    total = np.float32(0.0)
-    for k in range(k_main, K):
-        total += _wval(w, wo + k) * at(y, yo + k)
-    return hsum_f32x8(acc0) + hsum_f32x8(acc1) + total
-
-
-@njit(cache=True, parallel=True)
-def _float_mm(w, wg, wrs, M, y, K, cstart, ycol, ocol, out):
-    """The float MUL_MAT / MUL_MAT_ID kernel: tasks as in _quant_mm; a task with several
-    columns first converts its 4 weight rows to float32 so each is decoded once."""
-    n_groups = wg.shape[0]
-    n_tiles = (M + TILE - 1) // TILE
-    for t in prange(n_groups * n_tiles):
-        g = t // n_tiles
-        r0 = (t % n_tiles) * TILE
-        nr = min(TILE, M - r0)
-        wo = wg[g] + r0 * wrs
-        c0 = cstart[g]
-        ce = cstart[g + 1]
-        if ce == c0:
-            continue
-        if ce - c0 == 1:
-            for r in range(nr):
-                out[ocol[c0] * M + r0 + r] = _fdot(w, wo + r * wrs, y, ycol[c0] * K, K)
-        else:
-            rows = np.empty(nr * K, np.float32)
-            for r in range(nr):
-                for k in range(K):
-                    rows[r * K + k] = _wval(w, wo + r * wrs + k)
-            for cc in range(c0, ce):
-                for r in range(nr):
-                    out[ocol[cc] * M + r0 + r] = _fdot(rows, r * K, y, ycol[cc] * K, K)
 
 
 # --- validation and preparation ----------------------------------------------------------------
@@ -361,7 +286,7 @@ def _run(a: Tensor, w, wg: np.ndarray, wrs: int, x: np.ndarray, cstart, ycol, oc
         _quant_mm(_isa.token(), QUANT_KINDS[a.type], w, wg, wrs, M, nb,
                   act.qs, act.d, act.s, act.s4, K, cstart, ycol, ocol, out)
     else:
-        _float_mm(w, wg, wrs, M, np.ascontiguousarray(act, dtype=np.float32).reshape(-1), K, cstart, ycol, ocol, out)
+        float_mm(w, wg, wrs, M, np.ascontiguousarray(act, dtype=np.float32).reshape(-1), K, cstart, ycol, ocol, out)
 
 
 # --- the ops -----------------------------------------------------------------------------------
