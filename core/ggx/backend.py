@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 #: Bumped when a contract changes incompatibly; every BackendReg declares the one it was built for.
 API_VERSION = 1
 
+#: A kernel call with its arguments bound (`ExtraBufferType.prepare_forward`): run it as `launch()`.
+Launch = Callable[[], None]
+
 
 class BufferUsage(enum.IntEnum):
     ANY = 0
@@ -96,6 +99,12 @@ class ExtraBufferType(BufferType):
     @abstractmethod
     def compute_forward(self, op: Tensor, n_threads: int = 1) -> bool:
         """Compute `op` into its destination; False if it declines (then the backend computes it)."""
+
+    def prepare_forward(self, op: Tensor, n_threads: int = 1) -> Launch | None:
+        """The launch that computes `op`, validated and bound now and run as `launch()` (possibly
+        many times, while the tensors keep their storage); None (the default) leaves the host
+        backend to call compute_forward each time the op runs. Override it to validate once."""
+        return None
 
 
 class Buffer(ABC):

@@ -86,8 +86,9 @@ def _one(model, kind: str, n: int, rng: np.random.Generator) -> float:
 def profile_decode(model, rng: np.random.Generator, out, n: int = 64) -> None:
     """Break the time of `n` decode steps down: model Python, scheduler, backend dispatch, kernels.
 
-    Backends are timed by wrapping their graph_compute; a backend that computes node by node
-    through a `compute_node(node)` method (ggx-cpu does) also gets per-op kernel times.
+    Backends are timed by wrapping their graph_compute; a backend that binds each node's kernel
+    through `launch_for(node)` and keeps the launches in a `prepared` dict (ggx-cpu does) also
+    gets per-op kernel times: its launches are re-bound with timers around them.
     """
     from collections import defaultdict
 
@@ -108,15 +109,26 @@ def profile_decode(model, rng: np.random.Generator, out, n: int = 64) -> None:
             backend_s[_name] += time.perf_counter() - t
 
         be.graph_compute = timed_graph
-        cn = getattr(be, "compute_node", None)
-        if callable(cn):
-            def timed_node(node, _cn=cn):
-                t = time.perf_counter()
-                _cn(node)
-                kernel_s[node.op.name] += time.perf_counter() - t
-                kernel_n[node.op.name] += 1
+        lf = getattr(be, "launch_for", None)
+        if callable(lf) and isinstance(getattr(be, "prepared", None), dict):
+            def timed_launch_for(node, _lf=lf):
+                f = _lf(node)
+                if f is None:
+                    return None
+                name = node.op.name
 
-            be.compute_node = timed_node
+                def timed():
+                    t = time.perf_counter()
+                    f()
+                    kernel_s[name] += time.perf_counter() - t
+                    kernel_n[name] += 1
+                return timed
+
+            be.launch_for = timed_launch_for
+            be.prepared.clear()
+    model.eval([1])  # re-prepare with the timers in place, untimed
+    for d in (backend_s, kernel_s, kernel_n):
+        d.clear()
     model.runner.timings.clear()
     try:
         t0 = time.perf_counter()
@@ -126,14 +138,15 @@ def profile_decode(model, rng: np.random.Generator, out, n: int = 64) -> None:
     finally:
         for be in wrapped:
             be.__dict__.pop("graph_compute", None)
-            be.__dict__.pop("compute_node", None)
+            if be.__dict__.pop("launch_for", None) is not None:
+                be.prepared.clear()
     ms = {k: v / n * 1e3 for k, v in model.runner.timings.items()}
     backends = sum(backend_s.values()) / n * 1e3
     kernels = sum(kernel_s.values()) / n * 1e3
     rows = [("model Python (inputs, outputs, eval)", total - ms.get("sched.graph_compute", 0.0)),
             ("scheduler (plan reuse, copies, events)", ms.get("sched.graph_compute", 0.0) - backends)]
     if kernel_s:
-        rows.append(("backend dispatch (per-node Python)", backends - kernels))
+        rows.append(("backend dispatch (launch loop, timers)", backends - kernels))
         rows += [(f"kernel {op} x{kernel_n[op] // n}", v / n * 1e3)
                  for op, v in sorted(kernel_s.items(), key=lambda kv: -kv[1])]
     else:

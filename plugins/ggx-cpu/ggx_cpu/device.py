@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import operator
 import os
 from collections.abc import Callable
 
@@ -32,6 +33,7 @@ from ggx.backend import (
     DeviceCaps,
     DeviceType,
     ExtraBufferType,
+    Launch,
 )
 from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.graph import Graph
@@ -43,7 +45,7 @@ from ggx.types import GType
 from . import __version__
 from .kernels import FLOAT_TYPES, LOAD_TYPES, SLOW_STORE_TYPES, STORE_TYPES
 
-#: Op -> (module under ggx_cpu.kernels, function(node, n_threads)); imported on first use.
+#: Op -> (module under ggx_cpu.kernels, function(node, n_threads) -> Launch); imported on first use.
 KERNELS: dict[Op, tuple[str, str]] = {
     Op.ADD: ("elementwise", "add"),
     Op.MUL: ("elementwise", "mul"),
@@ -85,13 +87,12 @@ _ALWAYS_THREADED = frozenset({Op.MUL_MAT, Op.MUL_MAT_ID})
 _ALWAYS_THREADED_IDS = frozenset(id(op) for op in _ALWAYS_THREADED)
 _NOTHING_TO_RUN_IDS = frozenset(id(op) for op in Op if op.is_view or op is Op.NONE)
 _SET_ROWS_ID = id(Op.SET_ROWS)
-#: Ops whose kernels run serially, with no parallel region, when given one thread (common.run_rows).
-_SERIAL_AT_ONE_IDS = frozenset(id(op) for op in (
-    Op.ADD, Op.MUL, Op.SCALE, Op.SILU, Op.GELU, Op.GLU, Op.RMS_NORM, Op.NORM, Op.ROPE, Op.SOFT_MAX,
-    Op.GET_ROWS, Op.SET_ROWS))
 _FLASH_ATTN_ID = id(Op.FLASH_ATTN_EXT)
 
-_kernel_cache: dict[int, Callable[[Tensor, int], None]] = {}
+#: Prepared graphs a backend keeps (decode keeps one per KV bucket and scheduler split).
+_MAX_PREPARED = 64
+
+_kernel_cache: dict[int, Callable[[Tensor, int], Launch]] = {}
 
 
 @functools.cache
@@ -99,7 +100,7 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(f"ggx_cpu.kernels.{name}") is not None
 
 
-def kernel_for(op: Op) -> Callable[[Tensor, int], None]:
+def kernel_for(op: Op) -> Callable[[Tensor, int], Launch]:
     """The kernel wrapper for `op` (imports its module on first use)."""
     fn = _kernel_cache.get(id(op))
     if fn is None:
@@ -183,31 +184,40 @@ def host_memory() -> tuple[int, int]:
         return total, total
 
 
-# --- threads ----------------------------------------------------------------------------------
-_threads_now = 0
-
-
-def set_numba_threads(n: int) -> None:
-    """Make the next numba parallel region use n threads (skips the call when unchanged)."""
-    global _threads_now
-    if n == _threads_now:
-        return
-    import numba
-
-    n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
-    if n != _threads_now:
-        numba.set_num_threads(n)
-        _threads_now = n
-
-
-def forget_numba_threads() -> None:
-    """Someone else may have changed numba's thread count: set it again next time."""
-    global _threads_now
-    _threads_now = 0
-
-
 def default_threads() -> int:
     return os.cpu_count() or 1
+
+
+# --- prepared graphs ----------------------------------------------------------------------------
+_storage = operator.attrgetter("buffer", "offset")
+
+
+class PreparedGraph:
+    """The launches of one graph: every node validated and its kernel call bound once.
+
+    Valid while the same graph is computed with the same thread count and every tensor it
+    touches still has the storage it had (the scheduler re-places tensors when it re-plans).
+    Checking that is one C-level pass over the roots, ~40 ns a tensor.
+    """
+
+    def __init__(self, backend: CpuBackend, graph: Graph):
+        self.graph = graph
+        self.n_nodes = len(graph.nodes)
+        self.n_threads = backend.n_threads
+        roots: dict[int, Tensor] = {}
+        for node in graph.nodes:
+            for t in (node, *node.src):
+                if t is not None:
+                    r = t.root
+                    roots[id(r)] = r
+        self.roots = list(roots.values())
+        self.storage = list(map(_storage, self.roots))
+        launches = (backend.launch_for(node) for node in graph.nodes)  # validates all before any runs
+        self.launches = [f for f in launches if f is not None]
+
+    def still_valid(self, backend: CpuBackend, graph: Graph) -> bool:
+        return (self.graph is graph and len(graph.nodes) == self.n_nodes and self.n_threads == backend.n_threads
+                and list(map(_storage, self.roots)) == self.storage)
 
 
 # --- the contracts ------------------------------------------------------------------------------
@@ -219,6 +229,7 @@ class CpuBackend(Backend):
     def __init__(self, device: CpuDevice, n_threads: int | None = None):
         super().__init__(device)
         self.n_threads = default_threads()
+        self.prepared: dict[int, PreparedGraph] = {}  # by id(graph); clear it to re-prepare
         if n_threads is not None:
             self.set_n_threads(n_threads)
 
@@ -238,27 +249,38 @@ class CpuBackend(Backend):
         work = node.src[1] if op_id == _SET_ROWS_ID and len(node.src) > 1 else node
         return 1 if work.nelements < SMALL_OP_ELEMENTS else self.n_threads
 
-    def compute_node(self, node: Tensor) -> None:
-        """Run one node: its src[0]'s extra buffer type first, else the kernel table."""
+    def launch_for(self, node: Tensor) -> Launch | None:
+        """Validate `node` and bind its kernel (None for a node with nothing to run): its src[0]'s
+        extra buffer type first, else the kernel table."""
         if id(node.op) in _NOTHING_TO_RUN_IDS or node.nelements == 0:
-            return
+            return None
         buft = _buft_of(node.src[0] if node.src else None)
         if isinstance(buft, ExtraBufferType):
-            n = self.n_threads
-            forget_numba_threads()
-            if buft.compute_forward(node, n):
-                return
-        fn = kernel_for(node.op)
-        n = self.threads_for(node)
-        if n > 1 or id(node.op) not in _SERIAL_AT_ONE_IDS:
-            set_numba_threads(n)  # numba.set_num_threads costs ~3.5 us: only for a parallel region
-        fn(node, n)
-        if id(node.op) in _ALWAYS_THREADED_IDS:
-            forget_numba_threads()
+            f = buft.prepare_forward(node, self.n_threads)
+            return f if f is not None else functools.partial(self._forward, buft, node)
+        return kernel_for(node.op)(node, self.threads_for(node))
+
+    def _forward(self, buft: ExtraBufferType, node: Tensor) -> None:
+        """An extra buffer type without prepared launches: its compute_forward, every run; if
+        that declines, the CPU kernel (as ggml's extra buffer types do)."""
+        if not buft.compute_forward(node, self.n_threads):
+            kernel_for(node.op)(node, self.threads_for(node))()
+
+    def compute_node(self, node: Tensor) -> None:
+        """Run one node now."""
+        f = self.launch_for(node)
+        if f is not None:
+            f()
 
     def graph_compute(self, graph: Graph) -> None:
-        for node in graph.nodes:
-            self.compute_node(node)
+        """Run the graph's nodes in order; a graph computed again reuses its launches."""
+        prepared = self.prepared.get(id(graph))
+        if prepared is None or not prepared.still_valid(self, graph):
+            if len(self.prepared) >= _MAX_PREPARED:
+                self.prepared.clear()
+            prepared = self.prepared[id(graph)] = PreparedGraph(self, graph)
+        for f in prepared.launches:
+            f()
 
     def get_proc_address(self, name: str) -> Callable | None:
         if name == "set_n_threads":

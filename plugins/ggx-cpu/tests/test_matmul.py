@@ -74,7 +74,7 @@ def variant(request, monkeypatch):
 def test_golden(case, variant, n_threads):
     node, expected = golden_graph(case)
     fn = matmul.mul_mat if case["op"] == "MUL_MAT" else matmul.mul_mat_id
-    fn(node, n_threads)
+    fn(node, n_threads)()
     out = tensor_array(node)
     assert out.shape == expected.shape
     # same activation quantization as ggml: only float summation order differs
@@ -147,7 +147,7 @@ def run_mul_mat(a_type: GType, k: int, m: int, n: int, a23=(1, 1), b23=(1, 1), n
     a.buffer.set_tensor(a, np.concatenate(raws))
     x = rng.standard_normal((b23[1], b23[0], n, k)).astype(np.float32)
     tensor_array(b)[...] = x
-    matmul.mul_mat(node, n_threads)
+    matmul.mul_mat(node, n_threads)()
     ref = np.empty((b23[1], b23[0], n, m))
     for i3 in range(b23[1]):
         for i2 in range(b23[0]):
@@ -209,7 +209,7 @@ def test_mul_mat_id_repeated_and_unused_experts(a_type, b_ne1, variant):
     # expert 4 never used, expert 1 used by most tokens, one token uses expert 1 twice
     sel = np.array([[1, 0, 2], [1, 2, 3], [3, 1, 0], [1, 1, 2], [0, 1, 3], [2, 3, 1], [1, 0, 3]], np.int32)
     tensor_array(ids)[...] = sel
-    matmul.mul_mat_id(node, 2)
+    matmul.mul_mat_id(node, 2)()
     out = tensor_array(node)[0]
     for t in range(T):
         for e in range(n_used):
@@ -228,7 +228,7 @@ def _node(a_type=GType.Q4_0, k=64, m=4, n=2):
 def test_rejects_missing_storage():
     _, a, b, node = _node()
     with pytest.raises(GGXUnsupported, match="no storage"):
-        matmul.mul_mat(node, 1)
+        matmul.mul_mat(node, 1)()
 
 
 def test_rejects_wrong_node_and_bad_destination():
@@ -238,7 +238,7 @@ def test_rejects_wrong_node_and_bad_destination():
         matmul.mul_mat(a, 1)
     node.ne = (4, 3, 1, 1)  # corrupted after build: must be caught before any kernel
     with pytest.raises(GGXShapeError, match="destination"):
-        matmul.mul_mat(node, 1)
+        matmul.mul_mat(node, 1)()
 
 
 def test_rejects_unsupported_weight_type():
@@ -246,7 +246,7 @@ def test_rejects_unsupported_weight_type():
     alloc(a, b, node)
     a.type = GType.Q8_1
     with pytest.raises(GGXUnsupported, match="Q8_1"):
-        matmul.mul_mat(node, 1)
+        matmul.mul_mat(node, 1)()
 
 
 def test_rejects_buffer_overrun():
@@ -254,7 +254,7 @@ def test_rejects_buffer_overrun():
     alloc(a, b, node)
     a.offset = a.buffer.size - 10
     with pytest.raises(GGXShapeError, match="overruns"):
-        matmul.mul_mat(node, 1)
+        matmul.mul_mat(node, 1)()
 
 
 def test_mul_mat_id_rejects_out_of_range_ids():
@@ -266,7 +266,7 @@ def test_mul_mat_id_rejects_out_of_range_ids():
     alloc(a, b, ids, node)
     tensor_array(ids)[...] = np.array([[0, 1], [2, 3]], np.int32)
     with pytest.raises(GGXShapeError, match=r"ids\[1, 1\] = 3"):
-        matmul.mul_mat_id(node, 1)
+        matmul.mul_mat_id(node, 1)()
 
 
 # --- activation quantization --------------------------------------------------------------------

@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from ggx.backend import Buffer, BufferUsage, Device, ExtraBufferType
+from ggx.backend import Buffer, BufferUsage, Device, ExtraBufferType, Launch
 from ggx.errors import GGXOutOfMemory, GGXShapeError, GGXUnsupported
 from ggx.host import HostBuffer, aligned_empty, tensor_array
 from ggx.ops import Op
@@ -171,10 +171,10 @@ class RepackBufferType(ExtraBufferType):
     def supports_op(self, op: Tensor) -> bool:
         return self.why_not(op) is None
 
-    def compute_forward(self, op: Tensor, n_threads: int = 1) -> bool:
+    def prepare_forward(self, op: Tensor, n_threads: int = 1) -> Launch | None:
         buf = op.src[0].data_buffer if op.src else None
         if buf is None or buf.buft is not self:
-            return False
+            return None
         why = self.why_not(op)
         if why is not None:
             raise GGXUnsupported(f"{NAME}: cannot compute {op.describe()}: {why}")
@@ -183,8 +183,14 @@ class RepackBufferType(ExtraBufferType):
         if not isinstance(lay, Layout):
             raise GGXUnsupported(f"{NAME}: weight {a.describe()} was never set (set_tensor repacks it)")
         if op.nelements == 0:
-            return True
-        _run(op, lay, buf.data, n_threads)
+            return _nothing
+        return _launch(op, lay, buf.data, n_threads)
+
+    def compute_forward(self, op: Tensor, n_threads: int = 1) -> bool:
+        f = self.prepare_forward(op, n_threads)
+        if f is None:
+            return False
+        f()
         return True
 
 
@@ -236,6 +242,34 @@ def _lane_rows(lay: Layout) -> np.ndarray:
     from .kernels import lane_rows
 
     return lane_rows(lay)
+
+
+def _nothing() -> None:
+    """The launch of an empty matmul."""
+
+
+def _launch(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> Launch:
+    """A MUL_MAT over contiguous activations and destination binds the kernel's compiled entry
+    (its columns do not depend on data); MUL_MAT_ID (columns grouped by the ids' values) and
+    strided tensors go through `_run` every time."""
+    if op.op is not Op.MUL_MAT:
+        return functools.partial(_run, op, lay, w, n_threads)
+    import numba
+
+    from ggx_cpu import isa
+    from ggx_cpu.kernels.common import launch
+
+    from .kernels import repack_mm
+
+    a, b = op.src[0], op.src[1]
+    K, M = a.ne[0], a.ne[1]
+    x, rows = _f32_rows(b, K), _f32_rows(op, M)
+    if x is None or rows is None:
+        return functools.partial(_run, op, lay, w, n_threads)
+    wg, cstart, ycol, ocol = _columns(op, lay)
+    n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
+    return launch(repack_mm, isa.token(), lay, w, wg, lay.group_bytes, K // lay.block_size, K, M,
+                  x, cstart, ycol, ocol, _lane_rows(lay), rows.reshape(-1), n, n_threads=n)
 
 
 def _run(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> None:

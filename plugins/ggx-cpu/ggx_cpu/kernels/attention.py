@@ -20,7 +20,7 @@ from ggx.errors import GGXShapeError
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_rows, need_srcs, need_type
+from .common import Launch, elems, launch, need_ne, need_rows, need_srcs, need_type
 from .convert import as_f32, f16_to_f32, f32_to_f16
 from .softmax import alibi_slopes
 
@@ -106,7 +106,7 @@ def flash_attn_kernel(scale, softcap, slopes, q_f16, acc_f16,
 _NO_MASK = np.zeros(1, np.uint16)
 
 
-def flash_attn_ext(node: Tensor, n_threads: int) -> None:
+def flash_attn_ext(node: Tensor, n_threads: int) -> Launch:
     op = "FLASH_ATTN_EXT"
     need_srcs(node, 3)
     q, k, v = node.src[:3]
@@ -141,7 +141,7 @@ def flash_attn_ext(node: Tensor, n_threads: int) -> None:
     scale = np.float32(p.scale)
     if p.logit_softcap != 0:  # ggml: s = softcap * tanh(s * scale / softcap)
         scale = scale / np.float32(p.logit_softcap)
-    flash_attn_kernel(scale, np.float32(p.logit_softcap), slopes,
+    return launch(flash_attn_kernel, scale, np.float32(p.logit_softcap), slopes,
                       one_chunk and k.type is GType.F16, one_chunk and v.type is GType.F16,
                       qq, qo, qs, qne, kk, ko, ks, kne, vv, vo, vs, vne,
-                      mask is not None, m, mo, ms, mne, dd, do, ds)
+                      mask is not None, m, mo, ms, mne, dd, do, ds, n_threads=n_threads)

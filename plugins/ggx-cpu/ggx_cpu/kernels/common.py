@@ -1,4 +1,11 @@
-"""What every kernel wrapper does before a numba kernel runs: check the tensors, hand out memory.
+"""What every kernel wrapper does before a numba kernel runs: check the tensors, hand out memory,
+and bind the kernel's call into a `Launch`.
+
+A wrapper `fn(node, n_threads) -> Launch` validates the node and returns a zero-argument callable
+that runs its kernel. The backend runs it at once, or keeps the launches of a graph it computes
+again (decode submits the same graph every token) and only calls them: validation, layout
+checks and numba's argument typing are paid once. Whatever depends on tensor *data* (index
+ranges, expert routing) is checked inside the launch, every time.
 
 Kernels receive a tensor as (a 1-D array over its *whole* host buffer, the offset of element
 (0,0,0,0), four strides, four sizes), all in units of the array's element, so any view (strided,
@@ -8,10 +15,14 @@ check bounds.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 
+import numba
 import numpy as np
+from numba.np.ufunc import parallel as _numba_parallel
 
+from ggx.backend import Launch
 from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.host import HostBuffer
 from ggx.tensor import Tensor
@@ -140,28 +151,67 @@ def need_srcs(node: Tensor, n: int) -> None:
         raise GGXShapeError(f"{node.op.name}: {node.describe()} needs {n} sources, has {len(node.src)}")
 
 
-def index_values(t: Tensor, role: str, op: str, bound: int) -> None:
-    """Check the I32/I64 index tensor `t` holds only values in [0, bound) (data known only now)."""
+def index_check(t: Tensor, role: str, op: str, bound: int) -> Launch:
+    """A launch that checks the I32/I64 index tensor `t` holds only values in [0, bound): its
+    data is known only when the graph runs, so this runs before the kernel, every time."""
     arr, off, st, ne = elems(t, role, op)
     if 0 in ne:
-        return
+        return nothing
     if ne == (1, 1, 1, 1):  # one token's row: no strided view to build
-        v = int(arr[off])
-        if v < 0 or v >= bound:
-            raise GGXShapeError(f"{op}: {role} {t.describe()} holds index {v}, outside 0..{bound - 1}")
-        return
+        def check_one() -> None:
+            v = int(arr[off])
+            if v < 0 or v >= bound:
+                raise GGXShapeError(f"{op}: {role} {t.describe()} holds index {v}, outside 0..{bound - 1}")
+        return check_one
     view = np.lib.stride_tricks.as_strided(arr[off:], shape=ne[::-1], strides=tuple(s * arr.itemsize for s in st[::-1]))
-    lo, hi = int(view.min()), int(view.max())
-    if lo < 0 or hi >= bound:
-        raise GGXShapeError(f"{op}: {role} {t.describe()} holds index {lo if lo < 0 else hi}, outside 0..{bound - 1}")
+
+    def check() -> None:
+        lo, hi = int(view.min()), int(view.max())
+        if lo < 0 or hi >= bound:
+            raise GGXShapeError(f"{op}: {role} {t.describe()} holds index {lo if lo < 0 else hi}, "
+                                f"outside 0..{bound - 1}")
+    return check
 
 
-def run_rows(serial, parallel, n_threads: int, ne: Int4, *args) -> None:
-    """Run a row kernel over the ne1*ne2*ne3 rows of `ne`: `serial(0, n_rows, *args)` on one thread
+def launch(kernel, *args, n_threads: int = 1) -> Launch:
+    """kernel(*args) as a `Launch`, bound to the compiled entry point for these arguments' types.
+
+    Typing happens here, once: the entry point skips numba's per-call dispatch (~0.1 us an
+    argument, several us for the ISA token), which is most of a one-token op's cost. A parallel
+    kernel sets numba's thread count to n_threads first (~0.3 us).
+    """
+    sig = tuple(numba.typeof(a) for a in args)
+    cres = kernel.overloads.get(sig)
+    entry = cres.entry_point if cres is not None else kernel.compile(sig)
+    if kernel.targetoptions.get("parallel"):
+        n = max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
+        _numba_parallel._launch_threads()  # once per process: starts the pool, defines _set_num_threads
+        return functools.partial(_threaded, n, entry, args)
+    return functools.partial(entry, *args)
+
+
+def _threaded(n: int, entry, args: tuple) -> None:
+    _numba_parallel._set_num_threads(n)
+    entry(*args)
+
+
+def in_order(*launches: Launch) -> Launch:
+    """One launch running `launches` one after the other."""
+    def run() -> None:
+        for f in launches:
+            f()
+    return run
+
+
+def rows_launch(serial, parallel, n_threads: int, ne: Int4, *args) -> Launch:
+    """A row kernel over the ne1*ne2*ne3 rows of `ne`: `serial(0, n_rows, *args)` on one thread
     (no parallel region to start: ~0.3 us against 3-9 us), else `parallel(n_chunks, n_rows, *args)`,
     which hands each of n_threads threads one contiguous chunk of rows to `serial`."""
     n_rows = ne[1] * ne[2] * ne[3]
     if n_threads <= 1 or n_rows <= 1:
-        serial(0, n_rows, *args)
-    else:
-        parallel(min(n_threads, n_rows), n_rows, *args)
+        return launch(serial, 0, n_rows, *args)
+    return launch(parallel, min(n_threads, n_rows), n_rows, *args, n_threads=n_threads)
+
+
+def nothing() -> None:
+    """The launch of a node with no work (zero elements)."""

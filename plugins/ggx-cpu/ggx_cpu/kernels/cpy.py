@@ -10,6 +10,8 @@ row). One byte-level kernel serves every type pair.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit, prange
 
@@ -17,7 +19,7 @@ from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.tensor import Tensor
 
 from . import FLOAT_TYPES, SLOW_STORE_TYPES
-from .common import host_bytes, need_rows, need_srcs
+from .common import Launch, host_bytes, launch, need_rows, need_srcs, nothing
 from .convert import BF16, F16, F32, STORE_TYPES, f32_to_bf16, f32_to_f16, load_elem, store_row, wr_u16
 
 
@@ -77,7 +79,7 @@ def cpy_kernel(mode, es, s, so, s_nb, s_ne, scode, d, do, d_nb, d_ne, dcode):
                 store_row(tmp, dcode, ne0, d, db)
 
 
-def cpy(node: Tensor, n_threads: int) -> None:
+def cpy(node: Tensor, n_threads: int) -> Launch:
     """CPY(a, b) writes into b (node is the view of b); DUP and CONT write into node itself."""
     op = node.op.name
     need_srcs(node, 1)
@@ -86,7 +88,7 @@ def cpy(node: Tensor, n_threads: int) -> None:
     if node.nelements != src.nelements:
         raise GGXShapeError(f"{op}: {src.describe()} and {dst.describe()} differ in element count")
     if src.nelements == 0:
-        return
+        return nothing
     sbuf, so = host_bytes(src, "src", op)
     dbuf, do = host_bytes(dst, "dst", op)
     if src.type is dst.type:
@@ -97,25 +99,24 @@ def cpy(node: Tensor, n_threads: int) -> None:
             if src.ne[0] != dst.ne[0]:
                 if not (src.is_contiguous() and dst.is_contiguous()):
                     raise GGXUnsupported(f"{op}: reshaping copy of quantized {src.describe()} needs contiguous tensors")
-                dbuf[do: do + dst.nbytes] = sbuf[so: so + src.nbytes]
-                return
+                d, s = dbuf[do: do + dst.nbytes], sbuf[so: so + src.nbytes]
+                return functools.partial(np.copyto, d, s)
             mode, es = COPY_ROWS, src.row_bytes
         else:
             mode, es = COPY_ELEMS, src.type.type_size
-        cpy_kernel(mode, es, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
-                   dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id)
-        return
+        return launch(cpy_kernel, mode, es, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
+                      dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id, n_threads=n_threads)
     if src.type not in FLOAT_TYPES:
         raise GGXUnsupported(f"{op}: cannot convert {src.describe()} to {dst.type.name}")
     if dst.type in SLOW_STORE_TYPES:
-        _cpy_via_f32(node, src, sbuf, so)
-        return
+        need_rows(dst, "dst", op)
+        return functools.partial(_cpy_via_f32, node, src, sbuf, so)
     if dst.type not in STORE_TYPES:
         raise GGXUnsupported(f"{op}: cannot convert to {dst.describe()}")
     if dst.type.is_quantized:
         need_rows(dst, "dst", op)
-    cpy_kernel(CONVERT, 0, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
-               dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id)
+    return launch(cpy_kernel, CONVERT, 0, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
+                  dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id, n_threads=n_threads)
 
 
 def _cpy_via_f32(node: Tensor, src: Tensor, sbuf: np.ndarray, so: int) -> None:
@@ -123,7 +124,6 @@ def _cpy_via_f32(node: Tensor, src: Tensor, sbuf: np.ndarray, so: int) -> None:
     from ggx.quants import quantize
 
     dst = node
-    need_rows(dst, "dst", node.op.name)
     ne = tuple(int(x) for x in dst.ne)
     rows = np.empty(ne[::-1], np.float32)
     nb = (4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2])

@@ -2,7 +2,7 @@
 
 All F32. Rows (ne0) are the unit of work: each family has one serial `*_rows(r0, r1, ...)` kernel
 over a range of the ne1*ne2*ne3 rows, run directly on one thread (small ops: no parallel region
-to start) or from a prange over n_threads chunks (`common.run_rows`).
+to start) or from a prange over n_threads chunks (`common.rows_launch`).
 GELU (tanh) and GELU_QUICK follow ggml's CPU: the input is rounded to F16 and looked up in a
 65536-entry table of F16 results (GGML_GELU_FP16); GELU returns 0 for x <= -10 and x for
 x >= 10. GELU_ERF and SILU are plain F32.
@@ -19,7 +19,7 @@ from ggx.ops import GeluKind, GluKind
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_srcs, need_type, run_rows
+from .common import Launch, elems, need_ne, need_srcs, need_type, rows_launch
 from .convert import f32_to_f16
 
 # unary codes
@@ -189,7 +189,7 @@ _NO_TABLE = np.zeros(1, np.float32)
 
 
 def _unary(node: Tensor, n_threads: int, code: int, s: float = 0.0, b: float = 0.0,
-           table: np.ndarray = _NO_TABLE) -> None:
+           table: np.ndarray = _NO_TABLE) -> Launch:
     op = node.op.name
     need_srcs(node, 1)
     src = node.src[0]
@@ -198,29 +198,29 @@ def _unary(node: Tensor, n_threads: int, code: int, s: float = 0.0, b: float = 0
     need_ne(node, src.ne, "dst", op)
     x, xo, xs, ne = elems(src, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    run_rows(unary_rows, unary_kernel, n_threads, ne, code, np.float32(s), np.float32(b), table, x, xo, xs, ne,
-             y, yo, ys)
+    return rows_launch(unary_rows, unary_kernel, n_threads, ne, code, np.float32(s), np.float32(b), table,
+                       x, xo, xs, ne, y, yo, ys)
 
 
-def scale(node: Tensor, n_threads: int) -> None:
-    _unary(node, n_threads, SCALE, node.params.s, node.params.b)
+def scale(node: Tensor, n_threads: int) -> Launch:
+    return _unary(node, n_threads, SCALE, node.params.s, node.params.b)
 
 
-def silu_op(node: Tensor, n_threads: int) -> None:
-    _unary(node, n_threads, SILU)
+def silu_op(node: Tensor, n_threads: int) -> Launch:
+    return _unary(node, n_threads, SILU)
 
 
-def gelu(node: Tensor, n_threads: int) -> None:
+def gelu(node: Tensor, n_threads: int) -> Launch:
     kind = node.params.kind if node.params is not None else GeluKind.TANH
     if kind is GeluKind.TANH:
-        _unary(node, n_threads, GELU, table=gelu_table("tanh"))
+        return _unary(node, n_threads, GELU, table=gelu_table("tanh"))
     elif kind is GeluKind.QUICK:
-        _unary(node, n_threads, GELU_QUICK, table=gelu_table("quick"))
+        return _unary(node, n_threads, GELU_QUICK, table=gelu_table("quick"))
     else:
-        _unary(node, n_threads, GELU_ERF)
+        return _unary(node, n_threads, GELU_ERF)
 
 
-def _binary(node: Tensor, n_threads: int, code: int) -> None:
+def _binary(node: Tensor, n_threads: int, code: int) -> Launch:
     op = node.op.name
     need_srcs(node, 2)
     a, b = node.src[0], node.src[1]
@@ -232,18 +232,18 @@ def _binary(node: Tensor, n_threads: int, code: int) -> None:
     aa, ao, as_, ne = elems(a, "a", op)
     bb, bo, bs, bne = elems(b, "b", op)
     dd, do, ds, _ = elems(node, "dst", op)
-    run_rows(binary_rows, binary_kernel, n_threads, ne, code, aa, ao, as_, ne, bb, bo, bs, bne, dd, do, ds)
+    return rows_launch(binary_rows, binary_kernel, n_threads, ne, code, aa, ao, as_, ne, bb, bo, bs, bne, dd, do, ds)
 
 
-def add(node: Tensor, n_threads: int) -> None:
-    _binary(node, n_threads, ADD)
+def add(node: Tensor, n_threads: int) -> Launch:
+    return _binary(node, n_threads, ADD)
 
 
-def mul(node: Tensor, n_threads: int) -> None:
-    _binary(node, n_threads, MUL)
+def mul(node: Tensor, n_threads: int) -> Launch:
+    return _binary(node, n_threads, MUL)
 
 
-def glu(node: Tensor, n_threads: int) -> None:
+def glu(node: Tensor, n_threads: int) -> Launch:
     """ggml_glu: fused (one source, rows [gate | up], swapped: [up | gate]) or split (gate=a, up=b)."""
     op = "GLU"
     need_srcs(node, 1)
@@ -266,4 +266,4 @@ def glu(node: Tensor, n_threads: int) -> None:
             raise GGXShapeError(f"GLU: fused input {a.describe()} must have 2x the row of dst {node.describe()}")
         u, uo, us = g, go + (0 if swapped else nc * gs[0]), gs
         go = go + (nc * gs[0] if swapped else 0)
-    run_rows(glu_rows, glu_kernel, n_threads, ne, code, table, g, go, gs, u, uo, us, ne, d, do, ds)
+    return rows_launch(glu_rows, glu_kernel, n_threads, ne, code, table, g, go, gs, u, uo, us, ne, d, do, ds)

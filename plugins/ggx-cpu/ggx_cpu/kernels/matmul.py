@@ -23,7 +23,8 @@ Layouts passed to the kernels (everything is validated before any kernel runs):
 """
 from __future__ import annotations
 
-import numba
+import functools
+
 import numpy as np
 from numba import njit, prange
 from numba.extending import overload
@@ -36,8 +37,9 @@ from ggx.types import GType
 
 from .. import isa as _isa
 from ..isa.simd import IsaType
+from .common import Launch, in_order, launch, nothing
 from .matmul_float import float_mm
-from .quantize_act import quantize_act
+from .quantize_act import act_launch
 
 QUANT_KINDS = {GType.Q4_0: 0, GType.Q4_1: 1, GType.Q8_0: 2, GType.Q4_K: 3, GType.Q6_K: 4}
 FLOAT_TYPES = (GType.F32, GType.F16, GType.BF16)
@@ -224,24 +226,22 @@ def _weights(a: Tensor, op: str) -> tuple[np.ndarray, int, int, int, int]:
     return flat, size, a.data_offset // size, a.nb[1] // size, a.nb[2] // size
 
 
-def _b_rows(b: Tensor) -> np.ndarray:
-    """b's rows as a contiguous float32 [rows, K] array (copies only a strided view)."""
+def _b_rows(b: Tensor) -> np.ndarray | None:
+    """b's rows as a float32 [rows, K] view of its buffer, or None when b is strided."""
     arr = tensor_array(b)
-    return np.ascontiguousarray(arr).reshape(-1, b.ne[0])
+    return arr.reshape(-1, b.ne[0]) if arr.flags.c_contiguous else None
 
 
-def _prepare_act(x: np.ndarray, a_type: GType, n_threads: int):
-    """Quantize (or round) the activation rows once for weight type a_type."""
-    if a_type is GType.F32:
-        return x
+def _round_act(x: np.ndarray, a_type: GType, out: np.ndarray) -> None:
+    """Round the activation rows x to float weight type a_type's precision (ggml's F16/BF16
+    vec_dot_type), into out."""
     if a_type is GType.F16:
-        return x.astype(np.float16).astype(np.float32)
-    if a_type is GType.BF16:  # ggml's fp32 -> bf16: round to nearest even (NaN kept quiet)
+        out[...] = x.astype(np.float16)
+    else:  # BF16, ggml's fp32 -> bf16: round to nearest even (NaN kept quiet)
         u = x.view(np.uint32)
         r = ((u + (np.uint32(0x7FFF) + ((u >> 16) & 1))) >> 16) << 16
         r = np.where(np.isnan(x), (u | np.uint32(0x400000)) & np.uint32(0xFFFF0000), r)
-        return r.astype(np.uint32).view(np.float32)
-    return quantize_act(x, a_type.vec_dot_type, n_threads)
+        out[...] = r.astype(np.uint32).view(np.float32)
 
 
 def _check_weight(op: str, a: Tensor, b: Tensor) -> None:
@@ -258,39 +258,49 @@ def _check_weight(op: str, a: Tensor, b: Tensor) -> None:
         raise _fail(op, f"rows of a {a.describe()} and b {b.describe()} must be contiguous")
 
 
-def _out_rows(dst: Tensor, op: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """(flat float32 array the kernel writes, the destination view to copy it to, or None)."""
+def _out_rows(dst: Tensor, op: str) -> np.ndarray | None:
+    """The destination's values as the flat float32 array the kernel writes, or None when strided."""
     if dst.type is not GType.F32:
         raise _fail(op, f"destination {dst.describe()} must be F32")
     view = tensor_array(dst)
-    if view.flags.c_contiguous:
-        return view.reshape(-1), None
-    return np.empty(view.size, np.float32), view
+    return view.reshape(-1) if view.flags.c_contiguous else None
 
 
-def _set_threads(n_threads: int) -> int:
-    n = max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
-    numba.set_num_threads(n)
-    return n
-
-
-def _run(a: Tensor, w, wg: np.ndarray, wrs: int, x: np.ndarray, cstart, ycol, ocol, out, n_threads: int) -> None:
-    """Quantize the activations once, then run the one parallel kernel for a's type."""
-    n = _set_threads(n_threads)
+def _mm_launch(a: Tensor, w, wg: np.ndarray, wrs: int, x: np.ndarray, cstart, ycol, ocol, out,
+               n_threads: int) -> Launch:
+    """Quantize (or round) the activations x, then the one parallel kernel for a's type. x and
+    out are read and written when the launch runs: they must be the tensors' own memory."""
     K, M = a.ne[0], a.ne[1]
-    wg = wg.astype(np.int64)
-    cstart, ycol, ocol = (np.ascontiguousarray(v, dtype=np.int64) for v in (cstart, ycol, ocol))
-    act = _prepare_act(x, a.type, n)
+    wg, cstart, ycol, ocol = (np.ascontiguousarray(v, dtype=np.int64) for v in (wg, cstart, ycol, ocol))
     if a.type in QUANT_KINDS:
-        nb = K // a.type.block_size
-        _quant_mm(_isa.token(), QUANT_KINDS[a.type], w, wg, wrs, M, nb,
-                  act.qs, act.d, act.s, act.s4, K, cstart, ycol, ocol, out)
-    else:
-        float_mm(w, wg, wrs, M, np.ascontiguousarray(act, dtype=np.float32).reshape(-1), K, cstart, ycol, ocol, out)
+        act, quantize = act_launch(x, a.type.vec_dot_type, n_threads)
+        return in_order(quantize, launch(_quant_mm, _isa.token(), QUANT_KINDS[a.type], w, wg, wrs, M,
+                                         K // a.type.block_size, act.qs, act.d, act.s, act.s4, K, cstart, ycol,
+                                         ocol, out, n_threads=n_threads))
+    y = x.reshape(-1)
+    mm = launch(float_mm, w, wg, wrs, M, y, K, cstart, ycol, ocol, out, n_threads=n_threads)
+    if a.type is GType.F32:
+        return mm
+    y = np.empty(x.size, np.float32)
+    return in_order(functools.partial(_round_act, x.reshape(-1), a.type, y),
+                    launch(float_mm, w, wg, wrs, M, y, K, cstart, ycol, ocol, out, n_threads=n_threads))
+
+
+def _through_copies(a: Tensor, b: Tensor, dst: Tensor, run) -> Launch:
+    """The launch of a strided b or destination: each run copies b to contiguous rows, computes
+    into a contiguous result and writes that through the destination's view (`run(x, out)`
+    makes and runs the kernel's launch)."""
+    def strided() -> None:
+        x = np.ascontiguousarray(tensor_array(b), dtype=np.float32).reshape(-1, b.ne[0])
+        view = tensor_array(dst)
+        out = np.empty(view.size, np.float32)
+        run(x, out)
+        view[...] = out.reshape(view.shape)
+    return strided
 
 
 # --- the ops -----------------------------------------------------------------------------------
-def mul_mat(node: Tensor, n_threads: int = 1) -> None:
+def mul_mat(node: Tensor, n_threads: int = 1) -> Launch:
     """dst[m, n, i2, i3] = sum_k a[k, m, i2 / (B2/A2), i3 / (B3/A3)] * b[k, n, i2, i3]."""
     op = "mul_mat"
     if node.op is not Op.MUL_MAT or len(node.src) < 2:
@@ -302,7 +312,7 @@ def mul_mat(node: Tensor, n_threads: int = 1) -> None:
     if tuple(node.ne) != (a.ne[1], b.ne[1], b.ne[2], b.ne[3]):
         raise _fail(op, f"destination {node.describe()} should be [{a.ne[1]}, {b.ne[1]}, {b.ne[2]}, {b.ne[3]}]")
     if node.nelements == 0:
-        return
+        return nothing
     w, unit, off0, nb1, nb2 = _weights(a, op)
     nb3 = a.nb[3] // unit
     N, B2, B3 = b.ne[1], b.ne[2], b.ne[3]
@@ -312,14 +322,16 @@ def mul_mat(node: Tensor, n_threads: int = 1) -> None:
     wg = off0 + (i2 // r2) * nb2 + (i3 // r3) * nb3
     cstart = np.arange(B2 * B3 + 1) * N
     cols = np.arange(B2 * B3 * N)
-    out, view = _out_rows(node, op)
-    _run(a, w, wg, nb1, _b_rows(b), cstart, cols, cols, out, n_threads)
-    if view is not None:
-        view[...] = out.reshape(view.shape)
+    x, out = _b_rows(b), _out_rows(node, op)
+    if x is not None and out is not None:
+        return _mm_launch(a, w, wg, nb1, x, cstart, cols, cols, out, n_threads)
+    return _through_copies(a, b, node, lambda x, out: _mm_launch(a, w, wg, nb1, x, cstart, cols, cols, out,
+                                                                   n_threads)())
 
 
-def mul_mat_id(node: Tensor, n_threads: int = 1) -> None:
-    """dst[:, e, t] = as[:, :, ids[e, t]]^T @ b[:, e % b.ne1, t] (the MoE matmul)."""
+def mul_mat_id(node: Tensor, n_threads: int = 1) -> Launch:
+    """dst[:, e, t] = as[:, :, ids[e, t]]^T @ b[:, e % b.ne1, t] (the MoE matmul). Which expert
+    multiplies which column is data: the launch groups the columns by expert every run."""
     op = "mul_mat_id"
     if node.op is not Op.MUL_MAT_ID or len(node.src) < 3:
         raise GGXUnsupported(f"{op}: {node.describe()} is not a MUL_MAT_ID node")
@@ -333,21 +345,26 @@ def mul_mat_id(node: Tensor, n_threads: int = 1) -> None:
     if tuple(node.ne) != (a.ne[1], n_used, T, 1):
         raise _fail(op, f"destination {node.describe()} should be [{a.ne[1]}, {n_used}, {T}, 1]")
     if node.nelements == 0:
-        return
-    experts = np.ascontiguousarray(tensor_array(ids)).reshape(T, n_used)
-    bad = (experts < 0) | (experts >= a.ne[2])
-    if bad.any():
-        t, e = np.argwhere(bad)[0]
-        raise _fail(op, f"ids[{e}, {t}] = {experts[t, e]} is not an expert of as {a.describe()} (0..{a.ne[2] - 1})")
+        return nothing
     w, unit, off0, nb1, nb2 = _weights(a, op)
     bne1 = b.ne[1]
-    flat = experts.reshape(-1)  # slot s = t * n_used + e is output row s
-    slots = np.argsort(flat, kind="stable")
-    used, counts = np.unique(flat[slots], return_counts=True)
-    ycol = (slots // n_used) * bne1 + (slots % n_used) % bne1
-    cstart = np.concatenate(([0], np.cumsum(counts)))
-    wg = off0 + used * nb2
-    out, view = _out_rows(node, op)
-    _run(a, w, wg, nb1, _b_rows(b), cstart, ycol, slots, out, n_threads)
-    if view is not None:
-        view[...] = out.reshape(view.shape)
+    ids_view = tensor_array(ids)
+
+    def run(x: np.ndarray, out: np.ndarray) -> None:
+        experts = np.ascontiguousarray(ids_view).reshape(T, n_used)
+        bad = (experts < 0) | (experts >= a.ne[2])
+        if bad.any():
+            t, e = np.argwhere(bad)[0]
+            raise _fail(op, f"ids[{e}, {t}] = {experts[t, e]} is not an expert of as {a.describe()} "
+                            f"(0..{a.ne[2] - 1})")
+        flat = experts.reshape(-1)  # slot s = t * n_used + e is output row s
+        slots = np.argsort(flat, kind="stable")
+        used, counts = np.unique(flat[slots], return_counts=True)
+        ycol = (slots // n_used) * bne1 + (slots % n_used) % bne1
+        cstart = np.concatenate(([0], np.cumsum(counts)))
+        _mm_launch(a, w, off0 + used * nb2, nb1, x, cstart, ycol, slots, out, n_threads)()
+
+    x, out = _b_rows(b), _out_rows(node, op)
+    if x is not None and out is not None:
+        return functools.partial(run, x, out)
+    return _through_copies(a, b, node, run)

@@ -7,7 +7,7 @@ from numba import njit, prange
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_srcs, need_type, run_rows
+from .common import Launch, elems, need_ne, need_srcs, need_type, rows_launch
 
 RMS, MEAN_VAR = 0, 1
 
@@ -60,7 +60,7 @@ def norm_kernel(n_chunks, n_rows, code, eps, x, xo, xs, ne, y, yo, ys):
         norm_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, eps, x, xo, xs, ne, y, yo, ys)
 
 
-def _norm(node: Tensor, n_threads: int, code: int) -> None:
+def _norm(node: Tensor, n_threads: int, code: int) -> Launch:
     op = node.op.name
     need_srcs(node, 1)
     src = node.src[0]
@@ -69,12 +69,13 @@ def _norm(node: Tensor, n_threads: int, code: int) -> None:
     need_ne(node, src.ne, "dst", op)
     x, xo, xs, ne = elems(src, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    run_rows(norm_rows, norm_kernel, n_threads, ne, code, np.float32(node.params.eps), x, xo, xs, ne, y, yo, ys)
+    return rows_launch(norm_rows, norm_kernel, n_threads, ne, code, np.float32(node.params.eps),
+                       x, xo, xs, ne, y, yo, ys)
 
 
-def rms_norm(node: Tensor, n_threads: int) -> None:
-    _norm(node, n_threads, RMS)
+def rms_norm(node: Tensor, n_threads: int) -> Launch:
+    return _norm(node, n_threads, RMS)
 
 
-def norm(node: Tensor, n_threads: int) -> None:
-    _norm(node, n_threads, MEAN_VAR)
+def norm(node: Tensor, n_threads: int) -> Launch:
+    return _norm(node, n_threads, MEAN_VAR)

@@ -16,6 +16,7 @@ from numba import njit, prange
 from ggx.errors import GGXShapeError
 from ggx.types import GType
 
+from .common import Launch, launch
 from .convert import f16_to_f32, f32_to_f16
 
 # Rows per parallel chunk: below this many values a serial call beats waking the threads.
@@ -132,19 +133,38 @@ def _chunks(x: np.ndarray, n_threads: int) -> int:
     return max(1, min(x.shape[0], n_threads * 4))
 
 
+def act_launch(x: np.ndarray, gtype: GType, n_threads: int = 1) -> tuple[Q8Act, Launch]:
+    """Arrays for the quantized activations of float32 rows x [N, K] (Q8_0, Q8_1 or Q8_K) and
+    the launch that fills them from x's values at the time it runs (so x must be x itself, not
+    a copy: C-contiguous float32)."""
+    if gtype not in (GType.Q8_0, GType.Q8_1, GType.Q8_K):
+        raise GGXShapeError(f"no activation quantizer for {gtype.name}")
+    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous or x.shape[1] % gtype.block_size:
+        raise GGXShapeError(f"{gtype.name}: activations must be C-contiguous float32 rows of a multiple of "
+                            f"{gtype.block_size} values, got {x.dtype} {x.shape}")
+    n, k = x.shape
+    parallel = x.size >= _PARALLEL_MIN_VALUES and n_threads > 1 and n > 1
+    qs = np.empty(n * k, np.int8)
+    d = np.empty(n * k // gtype.block_size, np.float32)
+    if gtype is GType.Q8_K:
+        bsums = np.empty(n * k // 16, np.int32)
+        act = Q8Act(gtype, qs, d, d, bsums)
+        if parallel:
+            return act, launch(_q8k_par, x, qs, d, bsums, _chunks(x, n_threads), n_threads=n_threads)
+        return act, launch(_q8k_rows, x, qs, d, bsums, 0, n)
+    act = Q8Act(gtype, qs, d, np.empty_like(d), np.empty(n * k // 4, np.int32))
+    if parallel:
+        return act, launch(_q8_par, x, qs, d, act.s, act.s4, _chunks(x, n_threads), n_threads=n_threads)
+    return act, launch(q8_rows, x, qs, d, act.s, act.s4, 0, n)
+
+
 def quantize_q8(x: np.ndarray, gtype: GType = GType.Q8_0, n_threads: int = 1) -> Q8Act:
     """Q8_0 or Q8_1 of float32 rows x [N, K] (K a multiple of 32)."""
-    x = _rows(x, 32, gtype.name)
-    n, k = x.shape
-    qs = np.empty(n * k, np.int8)
-    d = np.empty(n * k // 32, np.float32)
-    s = np.empty(n * k // 32, np.float32)
-    s4 = np.empty(n * k // 4, np.int32)
-    if x.size >= _PARALLEL_MIN_VALUES and n_threads > 1 and n > 1:
-        _q8_par(x, qs, d, s, s4, _chunks(x, n_threads))
-    else:
-        q8_rows(x, qs, d, s, s4, 0, n)
-    return Q8Act(gtype, qs, d, s, s4)
+    if gtype is GType.Q8_K:
+        raise GGXShapeError("quantize_q8 makes Q8_0 or Q8_1; Q8_K is quantize_q8_K")
+    act, run = act_launch(_rows(x, gtype.block_size, gtype.name), gtype, n_threads)
+    run()
+    return act
 
 
 def quantize_q8_0(x: np.ndarray, n_threads: int = 1) -> Q8Act:
@@ -157,25 +177,14 @@ def quantize_q8_1(x: np.ndarray, n_threads: int = 1) -> Q8Act:
 
 def quantize_q8_K(x: np.ndarray, n_threads: int = 1) -> Q8Act:
     """Q8_K of float32 rows x [N, K] (K a multiple of 256); s4 holds the bsums."""
-    x = _rows(x, 256, "Q8_K")
-    n, k = x.shape
-    qs = np.empty(n * k, np.int8)
-    d = np.empty(n * k // 256, np.float32)
-    bsums = np.empty(n * k // 16, np.int32)
-    if x.size >= _PARALLEL_MIN_VALUES and n_threads > 1 and n > 1:
-        _q8k_par(x, qs, d, bsums, _chunks(x, n_threads))
-    else:
-        _q8k_rows(x, qs, d, bsums, 0, n)
-    return Q8Act(GType.Q8_K, qs, d, d, bsums)
+    return quantize_act(x, GType.Q8_K, n_threads)
 
 
 def quantize_act(x: np.ndarray, gtype: GType, n_threads: int = 1) -> Q8Act:
     """Quantize float32 rows to a weight type's vec_dot_type (Q8_0, Q8_1 or Q8_K)."""
-    if gtype is GType.Q8_K:
-        return quantize_q8_K(x, n_threads)
-    if gtype in (GType.Q8_0, GType.Q8_1):
-        return quantize_q8(x, gtype, n_threads)
-    raise GGXShapeError(f"no activation quantizer for {gtype.name}")
+    act, run = act_launch(_rows(x, gtype.block_size, gtype.name), gtype, n_threads)
+    run()
+    return act
 
 
 def to_blocks(act: Q8Act) -> np.ndarray:

@@ -7,7 +7,7 @@ from numba import njit, prange
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_srcs, need_type
+from .common import Launch, elems, launch, need_ne, need_srcs, need_type
 
 
 @njit(cache=True, parallel=True)
@@ -22,7 +22,7 @@ def sum_rows_kernel(x, xo, xs, ne, y, yo, ys):
         y[yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]] = np.float32(acc)
 
 
-def sum_rows(node: Tensor, n_threads: int) -> None:
+def sum_rows(node: Tensor, n_threads: int) -> Launch:
     op = "SUM_ROWS"
     need_srcs(node, 1)
     src = node.src[0]
@@ -31,4 +31,4 @@ def sum_rows(node: Tensor, n_threads: int) -> None:
     need_ne(node, (1,) + tuple(src.ne[1:]), "dst", op)
     x, xo, xs, ne = elems(src, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    sum_rows_kernel(x, xo, xs, ne, y, yo, ys)
+    return launch(sum_rows_kernel, x, xo, xs, ne, y, yo, ys, n_threads=n_threads)

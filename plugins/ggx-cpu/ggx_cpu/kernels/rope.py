@@ -20,7 +20,7 @@ from ggx.ops import RopeMode
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_rows, need_srcs, need_type, run_rows
+from .common import Launch, elems, need_ne, need_rows, need_srcs, need_type, rows_launch
 
 
 def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
@@ -90,7 +90,7 @@ def _rope_constants(n_dims: int, freq_base: float, n_ctx_orig: int, beta_fast: f
     return theta_scale, np.float32(c0), np.float32(c1)
 
 
-def rope(node: Tensor, n_threads: int) -> None:
+def rope(node: Tensor, n_threads: int) -> Launch:
     op = "ROPE"
     need_srcs(node, 2)
     a, pos = node.src[0], node.src[1]
@@ -111,5 +111,6 @@ def rope(node: Tensor, n_threads: int) -> None:
     y, yo, ys, _ = elems(node, "dst", op)
     theta_scale, c0, c1 = _rope_constants(p.n_dims, p.freq_base, p.n_ctx_orig, p.beta_fast, p.beta_slow)
     f32 = np.float32
-    run_rows(rope_rows, rope_kernel, n_threads, ne, p.mode == RopeMode.NEOX, p.n_dims, theta_scale,
-             f32(p.freq_scale), f32(p.ext_factor), f32(p.attn_factor), c0, c1, x, xo, xs, ne, pp, po, ps, y, yo, ys)
+    return rows_launch(rope_rows, rope_kernel, n_threads, ne, p.mode == RopeMode.NEOX, p.n_dims, theta_scale,
+                       f32(p.freq_scale), f32(p.ext_factor), f32(p.attn_factor), c0, c1, x, xo, xs, ne, pp, po, ps,
+                       y, yo, ys)

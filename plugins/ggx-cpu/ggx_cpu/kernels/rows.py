@@ -7,6 +7,8 @@ kernel runs. Rows are (de)quantized by `convert.load_row` / `store_row`, one ker
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit, prange
 
@@ -15,7 +17,18 @@ from ggx.tensor import Tensor
 from ggx.types import GType
 
 from . import LOAD_TYPES, SLOW_STORE_TYPES, STORE_TYPES
-from .common import elems, host_bytes, index_values, need_ne, need_rows, need_srcs, need_type, run_rows
+from .common import (
+    Launch,
+    elems,
+    host_bytes,
+    in_order,
+    index_check,
+    need_ne,
+    need_rows,
+    need_srcs,
+    need_type,
+    rows_launch,
+)
 from .convert import load_row, store_row
 
 
@@ -55,7 +68,7 @@ def set_rows_kernel(n_chunks, n_rows, code, s, so, ss, sne, ids, io, ist, ine, d
                       d, do, dnb)
 
 
-def get_rows(node: Tensor, n_threads: int) -> None:
+def get_rows(node: Tensor, n_threads: int) -> Launch:
     op = "GET_ROWS"
     need_srcs(node, 2)
     a, ids = node.src[0], node.src[1]
@@ -64,7 +77,7 @@ def get_rows(node: Tensor, n_threads: int) -> None:
         raise GGXShapeError(f"{op}: ids {ids.describe()} must be [n, a.ne2, a.ne3, 1] for a {a.describe()}")
     need_ne(node, (a.ne[0], ids.ne[0], ids.ne[1], ids.ne[2]), "dst", op)
     need_rows(a, "a", op)
-    index_values(ids, "ids", op, a.ne[1])
+    check = index_check(ids, "ids", op, a.ne[1])
     ii, io, ist, ine = elems(ids, "ids", op)
     if a.type is GType.I32:  # index rows stay integers: plain gather, no conversion
         need_type(node, "dst", op, GType.I32)
@@ -73,10 +86,12 @@ def get_rows(node: Tensor, n_threads: int) -> None:
         sv = np.lib.stride_tricks.as_strided(src[a.data_offset // 4:], a.ne[::-1], tuple(x for x in a.nb[::-1]))
         ov = np.lib.stride_tricks.as_strided(out[node.data_offset // 4:], node.ne[::-1], tuple(node.nb[::-1]))
         iv = np.lib.stride_tricks.as_strided(ii[io:], ids.ne[::-1], tuple(x * 4 for x in ist[::-1]))
-        for k in range(ids.ne[2]):
-            for j in range(ids.ne[1]):
-                ov[k, j] = sv[k, j, iv[0, k, j]]
-        return
+
+        def gather() -> None:
+            for k in range(ids.ne[2]):
+                for j in range(ids.ne[1]):
+                    ov[k, j] = sv[k, j, iv[0, k, j]]
+        return in_order(check, gather)
     if a.type not in LOAD_TYPES:
         raise GGXUnsupported(f"{op}: rows of {a.type.name} cannot be converted to F32")
     need_type(node, "dst", op, GType.F32)
@@ -84,11 +99,11 @@ def get_rows(node: Tensor, n_threads: int) -> None:
     ab, ao = host_bytes(a, "a", op)
     d, do, ds, _ = elems(node, "dst", op)
     # rows of the output = the ids' n * ne2 * ne3
-    run_rows(get_rows_rows, get_rows_kernel, n_threads, (0,) + ine[:3], a.type.ggml_id, ab, ao, tuple(a.nb), a.ne[0],
-             ii, io, ist, ine, d, do, ds)
+    return in_order(check, rows_launch(get_rows_rows, get_rows_kernel, n_threads, (0,) + ine[:3], a.type.ggml_id,
+                                       ab, ao, tuple(a.nb), a.ne[0], ii, io, ist, ine, d, do, ds))
 
 
-def set_rows(node: Tensor, n_threads: int) -> None:
+def set_rows(node: Tensor, n_threads: int) -> Launch:
     op = "SET_ROWS"
     need_srcs(node, 3)
     dst, src, ids = node.src
@@ -104,28 +119,35 @@ def set_rows(node: Tensor, n_threads: int) -> None:
     need_rows(dst, "dst", op)
     if node.data_offset != dst.data_offset or node.nb != dst.nb:
         raise GGXShapeError(f"{op}: result {node.describe()} is not the view of dst it must be")
-    index_values(ids, "ids", op, dst.ne[1])
-    ii, io, ist, ine = elems(ids, "ids", op)
+    check = index_check(ids, "ids", op, dst.ne[1])
     if dst.type in SLOW_STORE_TYPES:
-        _set_rows_via_quants(dst, src, ids)
-        return
-    if ii.dtype != np.int64:  # one kernel for both index types
-        if ids.nelements == 1:
-            ii, io = np.array([ii[io]], np.int64), 0
-        else:
-            view = np.lib.stride_tricks.as_strided(ii[io:], ids.ne[::-1], tuple(x * 4 for x in ist[::-1]))
-            ii, io = np.ascontiguousarray(view, dtype=np.int64).reshape(-1), 0
-        ist = (1, ids.ne[0], ids.ne[0] * ids.ne[1], ids.ne[0] * ids.ne[1] * ids.ne[2])
+        return in_order(check, functools.partial(_set_rows_via_quants, dst, src, ids))
+    ii, io, ist, ine = elems(ids, "ids", op)
     s, so, ss, sne = elems(src, "src", op)
     db, do = host_bytes(dst, "dst", op)
-    args = (dst.type.ggml_id, s, so, ss, sne, ii, io, ist, ine, db, do, tuple(dst.nb))
-    if n_threads > 1 and src.ne[1] > 1:
-        planes = np.sort(np.lib.stride_tricks.as_strided(ii[io:], ids.ne[2::-1], tuple(x * 8 for x in ist[2::-1])),
+    if ii.dtype == np.int64 and (n_threads == 1 or src.ne[1] == 1):
+        return in_order(check, rows_launch(set_rows_rows, set_rows_kernel, n_threads, sne, dst.type.ggml_id,
+                                           s, so, ss, sne, ii, io, ist, ine, db, do, tuple(dst.nb)))
+    return in_order(check, functools.partial(_set_rows_now, n_threads, dst.type.ggml_id, s, so, ss, sne,
+                                             ii, io, ist, ine, db, do, tuple(dst.nb)))
+
+
+def _set_rows_now(n_threads, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb) -> None:
+    """SET_ROWS whose plan depends on the ids' values: I32 ids widened to int64 (one kernel for
+    both index types), and one thread when a row is written twice (threads would tear it)."""
+    if ii.dtype != np.int64:
+        if ine == (1, 1, 1, 1):
+            ii, io = np.array([ii[io]], np.int64), 0
+        else:
+            view = np.lib.stride_tricks.as_strided(ii[io:], ine[::-1], tuple(x * 4 for x in ist[::-1]))
+            ii, io = np.ascontiguousarray(view, dtype=np.int64).reshape(-1), 0
+        ist = (1, ine[0], ine[0] * ine[1], ine[0] * ine[1] * ine[2])
+    if n_threads > 1 and sne[1] > 1:
+        planes = np.sort(np.lib.stride_tricks.as_strided(ii[io:], ine[2::-1], tuple(x * 8 for x in ist[2::-1])),
                          axis=-1)
         if np.any(planes[..., 1:] == planes[..., :-1]):
-            # the same row written twice: threads would race (torn rows); one thread, the last write wins
-            n_threads = 1
-    run_rows(set_rows_rows, set_rows_kernel, n_threads, sne, *args)
+            n_threads = 1  # the last write wins, as in ggml's single pass
+    rows_launch(set_rows_rows, set_rows_kernel, n_threads, sne, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb)()
 
 
 def _set_rows_via_quants(dst: Tensor, src: Tensor, ids: Tensor) -> None:

@@ -16,7 +16,7 @@ from ggx.errors import GGXShapeError
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_srcs, need_type, run_rows
+from .common import Launch, elems, need_ne, need_srcs, need_type, rows_launch
 from .convert import as_f32
 
 
@@ -74,7 +74,7 @@ def softmax_kernel(n_chunks, n_rows, scale, slopes, has_mask, x, xo, xs, ne, m, 
                      x, xo, xs, ne, m, mo, ms, mne, y, yo, ys)
 
 
-def soft_max(node: Tensor, n_threads: int) -> None:
+def soft_max(node: Tensor, n_threads: int) -> Launch:
     op = "SOFT_MAX"
     need_srcs(node, 1)
     a = node.src[0]
@@ -95,5 +95,5 @@ def soft_max(node: Tensor, n_threads: int) -> None:
     else:
         m, mo, ms, mne = x, 0, (1, 0, 0, 0), (1, 1, 1, 1)  # never read
     slopes = alibi_slopes(a.ne[2], p.max_bias)
-    run_rows(softmax_rows, softmax_kernel, n_threads, ne, np.float32(p.scale), slopes, mask is not None,
-             x, xo, xs, ne, m, mo, ms, mne, y, yo, ys)
+    return rows_launch(softmax_rows, softmax_kernel, n_threads, ne, np.float32(p.scale), slopes, mask is not None,
+                       x, xo, xs, ne, m, mo, ms, mne, y, yo, ys)

@@ -14,7 +14,7 @@ from ggx.ops import SortOrder
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import elems, need_ne, need_srcs, need_type
+from .common import Launch, elems, launch, need_ne, need_srcs, need_type
 
 
 @njit(cache=True, parallel=True)
@@ -37,7 +37,7 @@ def sort_kernel(desc, k, swap_first, x, xo, xs, ne, y, yo, ys):
             y[yb + ys[0]] = t
 
 
-def _sort(node: Tensor, desc: bool, k: int, swap_first: bool) -> None:
+def _sort(node: Tensor, n_threads: int, desc: bool, k: int, swap_first: bool) -> Launch:
     op = node.op.name
     need_srcs(node, 1)
     a = node.src[0]
@@ -48,12 +48,12 @@ def _sort(node: Tensor, desc: bool, k: int, swap_first: bool) -> None:
     need_ne(node, (k,) + tuple(a.ne[1:]), "dst", op)
     x, xo, xs, ne = elems(a, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    sort_kernel(desc, k, swap_first, x, xo, xs, ne, y, yo, ys)
+    return launch(sort_kernel, desc, k, swap_first, x, xo, xs, ne, y, yo, ys, n_threads=n_threads)
 
 
-def argsort(node: Tensor, n_threads: int) -> None:
-    _sort(node, node.params.order is SortOrder.DESC, node.src[0].ne[0] if node.src else 0, False)
+def argsort(node: Tensor, n_threads: int) -> Launch:
+    return _sort(node, n_threads, node.params.order is SortOrder.DESC, node.src[0].ne[0] if node.src else 0, False)
 
 
-def top_k(node: Tensor, n_threads: int) -> None:
-    _sort(node, True, node.params.k, True)
+def top_k(node: Tensor, n_threads: int) -> Launch:
+    return _sort(node, n_threads, True, node.params.k, True)
