@@ -68,7 +68,7 @@ def build_llama(ctx: Context, hp: LlamaHParams, w: dict[str, Tensor], cache: KVC
     if inp.out_ids is not None:
         x = ctx.get_rows(x, inp.out_ids)
     x = ctx.mul(ctx.rms_norm(x, hp.rms_eps), w["output_norm.weight"])
-    out_w = w["token_embd.weight"] if hp.tied_output else w["output.weight"]
+    out_w = w["output.weight"]  # when tied: token_embd, or its copy placed for mul_mat (load_weights)
     logits = ctx.mul_mat(out_w, x)
     logits.name = "result_output"
     return logits, inp

@@ -39,6 +39,8 @@ def representative_op(w: Tensor, name: str, hp: LlamaHParams) -> Tensor:
     return ctx.mul_mat(w, ctx.tensor(GType.F32, [w.ne[0], _REPR_TOKENS]))
 
 
+EMBD, OUTPUT = "token_embd.weight", "output.weight"
+
 #: fused weight -> the file's tensors stacked along ne1 (rows), in this order
 FUSIONS = {"attn_qkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
            "ffn_gate_up.weight": ("ffn_gate.weight", "ffn_up.weight")}
@@ -62,6 +64,10 @@ def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner, progress: bool =
     `fuse` stacks Q, K, V (and gate, up) of a layer into one weight, so one mul_mat replaces
     three (two): each output row is the same dot product of the same quantized activations, so
     results are bit-identical, and a decode step launches 90 fewer kernels.
+    A tied output matrix (no output.weight in the file) gets its own copy of token_embd when the
+    mul_mat that reads it is placed in another buffer type than the get_rows that reads the
+    embedding (llama.cpp's TENSOR_DUPLICATED): e.g. repacked for the output, plain for get_rows.
+    Otherwise "output.weight" is the embedding tensor itself.
     `host_experts` keeps MoE expert stacks in host memory (llama.cpp's --cpu-moe): a MUL_MAT_ID
     offloaded to an accelerator then gets only the experts it uses, through the copy callback.
     """
@@ -73,20 +79,29 @@ def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner, progress: bool =
         first = hp.expected_tensors()[parts[0]]
         shapes[name] = (first[0], sum(hp.expected_tensors()[p][1] for p in parts))
         sources[name] = parts
+    if hp.tied_output:  # a candidate copy of token_embd for the output mul_mat, kept only if placed apart
+        shapes[OUTPUT] = shapes[EMBD]
+        sources[OUTPUT] = (EMBD,)
     weights: dict[str, Tensor] = {}
     placed: list[tuple[Tensor, BufferType]] = []
+    placed_in: dict[str, BufferType] = {}
     for name, ne in shapes.items():
         t = Tensor(f.tensor(sources[name][0]).type, ne, name=name)
         t.flags |= TensorFlag.PARAM
-        weights[name] = t
         if host_experts and name.endswith("_exps.weight"):
             buft = runner.host_buffer_type()
         else:
             buft = runner.weight_buffer_type(t, representative_op(t, name, hp))
+        if name == OUTPUT and hp.tied_output and buft is placed_in[EMBD]:
+            weights[OUTPUT] = weights[EMBD]  # same buffer type as the embedding: no copy
+            continue
+        weights[name] = t
+        placed_in[name] = buft
         placed.append((t, buft))
     buffers = alloc_weights(placed)
-    with _progress(progress, sum(t.nbytes for t in weights.values()), f"loading {len(weights)} tensors") as advance:
-        for name, t in weights.items():
+    loads = {id(t): (name, t) for name, t in weights.items()}.values()  # a shared tensor loads once
+    with _progress(progress, sum(t.nbytes for _, t in loads), f"loading {len(loads)} tensors") as advance:
+        for name, t in loads:
             parts = [f.tensor(p).data for p in sources[name]]
             # whole tensors at offset 0 (repacking buffer types transform what they receive)
             t.buffer.set_tensor(t, parts[0] if len(parts) == 1 else np.concatenate(parts), 0)

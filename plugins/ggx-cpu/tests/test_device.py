@@ -160,3 +160,83 @@ def test_thread_count_follows_the_work(dev):
     batch = ctx.flash_attn_ext(ctx.tensor(GType.F32, (64, 32, 9)), k, k, scale=0.125)
     assert be.threads_for(decode) == 1 and be.threads_for(batch) == 2
     assert dev.init_backend(n_threads=1).threads_for(batch) == 1
+
+
+# --- launches kept for a graph computed again ------------------------------------------------------
+def _placed_graph(dev, n_rows=3):
+    """x [8, n_rows] -> scale -> get_rows(ids) -> add(y): every tensor in one host buffer."""
+    ctx = ggx.Context()
+    x = ctx.tensor(GType.F32, (8, n_rows))
+    ids = ctx.tensor(GType.I32, (2,))
+    y = ctx.tensor(GType.F32, (8, 2))
+    out = ctx.add(ctx.get_rows(ctx.scale(x, 2.0), ids), y)
+    graph = ggx.build_graph(out)
+    tensors = [x, ids, y] + [n for n in graph.nodes if n.view_src is None]
+    buf = dev.buffer_type().alloc_buffer(4096)
+    for i, t in enumerate(tensors):
+        t.buffer, t.offset = buf, 256 * i
+    return graph, x, ids, y, out, buf
+
+
+def _set(t, values):
+    t.buffer.set_tensor(t, np.ascontiguousarray(values).view(np.uint8).reshape(-1))
+
+
+def test_graph_launches_are_reused_and_see_new_data(dev):
+    graph, x, ids, y, out, _ = _placed_graph(dev)
+    be = dev.init_backend(n_threads=2)
+    xs = np.arange(24, dtype=np.float32).reshape(3, 8)
+    _set(x, xs)
+    _set(y, np.ones((2, 8), np.float32))
+    _set(ids, np.array([2, 0], np.int32))
+    be.graph_compute(graph)
+    prepared = be.prepared[id(graph)]
+    assert np.array_equal(ggx.host.tensor_array(out)[0, 0], 2 * xs[[2, 0]] + 1)
+    _set(ids, np.array([1, 1], np.int32))  # new data, same graph: the same launches, new values
+    _set(x, -xs)
+    be.graph_compute(graph)
+    assert be.prepared[id(graph)] is prepared
+    assert np.array_equal(ggx.host.tensor_array(out)[0, 0], -2 * xs[[1, 1]] + 1)
+
+
+def test_graph_launches_check_data_every_run(dev):
+    graph, x, ids, y, out, _ = _placed_graph(dev)
+    be = dev.init_backend(n_threads=1)
+    _set(ids, np.array([0, 1], np.int32))
+    be.graph_compute(graph)
+    _set(ids, np.array([0, 3], np.int32))  # row 3 of a 3-row tensor
+    with pytest.raises(GGXShapeError, match="index 3"):
+        be.graph_compute(graph)
+
+
+def test_graph_launches_follow_storage_and_threads(dev):
+    graph, x, ids, y, out, buf = _placed_graph(dev)
+    be = dev.init_backend(n_threads=1)
+    _set(x, np.ones((3, 8), np.float32))
+    _set(y, np.zeros((2, 8), np.float32))
+    _set(ids, np.array([0, 1], np.int32))
+    be.graph_compute(graph)
+    first = be.prepared[id(graph)]
+    other = dev.buffer_type().alloc_buffer(4096)
+    y.buffer, y.offset = other, 512  # moved: the old launch would read the old place
+    _set(y, np.full((2, 8), 5, np.float32))
+    be.graph_compute(graph)
+    assert be.prepared[id(graph)] is not first
+    assert np.array_equal(ggx.host.tensor_array(out)[0, 0], np.full((2, 8), 7, np.float32))
+    second = be.prepared[id(graph)]
+    be.set_n_threads(2)
+    be.graph_compute(graph)
+    assert be.prepared[id(graph)] is not second
+
+
+def test_graph_errors_before_any_kernel_runs(dev):
+    """A node that fails validation stops the graph before the first kernel writes anything."""
+    graph, x, ids, y, out, _ = _placed_graph(dev)
+    be = dev.init_backend(n_threads=1)
+    _set(x, np.ones((3, 8), np.float32))
+    scaled = graph.nodes[0]
+    ggx.host.tensor_array(scaled)[...] = 0
+    out.type = GType.F16  # the last node's kernel takes F32 only
+    with pytest.raises(GGXUnsupported, match="dst"):
+        be.graph_compute(graph)
+    assert not ggx.host.tensor_array(scaled).any()  # the scale kernel never ran

@@ -46,3 +46,18 @@ def test_q4_0_graph_same_with_and_without_repack(cpu, cpu_backend):
     plain = get_tensor_data(out2).reshape(got.shape)
     assert nmse(got, plain) < MUL_MAT_NMSE
     assert np.isfinite(got).all()
+
+
+def test_tied_output_gets_a_repacked_copy():
+    """SmolLM2 ties its output matrix to the Q8_0 token embedding: get_rows reads the embedding
+    from plain host memory, the output mul_mat reads its own copy, repacked (llama.cpp duplicates
+    the tensor the same way)."""
+    from ggx.models import load_model
+
+    model = load_model(n_threads=1)
+    embd, out = model.weights["token_embd.weight"], model.weights["output.weight"]
+    assert model.hp.tied_output and out is not embd
+    assert embd.buffer.buft.name == "CPU" and out.buffer.buft.name == "CPU_REPACK"
+    assert out.type is embd.type and out.ne == embd.ne
+    logits = model.forward([1, 2, 3])
+    assert logits.shape == (3, model.n_vocab) and np.isfinite(logits).all()
