@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device, None, n_ctx=max(n_ctx, 256), flash_attn=not args.no_flash_attn)
     rng = np.random.default_rng(0)
     threads = args.threads or [model.runner.n_threads or 0]
-    size = sum(b.size for b in model.weight_buffers)
+    size = sum(t.nbytes for t in model.file.tensors.values())  # the file's weights, as llama-bench
     name = f"{model.file.get('general.name', str, 'model')} {model.file.tensor('blk.0.attn_q.weight').type.name}"
     backend = ",".join(d.name for d in model.runner.devices)
     rows = []

@@ -1,5 +1,6 @@
-"""The CPU kernels, one module per op family. Each exposes `fn(node, n_threads)` wrappers that
-validate the node and its sources, then call one numba kernel (compiled on first use, cached).
+"""The CPU kernels, one module per op family. Each exposes `fn(node, n_threads) -> Launch`
+wrappers that validate the node and its sources and return the bound call of one numba kernel
+(compiled on first use, cached); see `common` for the convention.
 
 This package module itself imports nothing heavy: the device layer reads the type tables below
 to answer supports_op without loading numba.
