@@ -8,7 +8,7 @@ Functions here replace `ggx_cpu.isa.portable`'s of the same name under a vector 
   Q4_K block (144 B): f16 d @0, f16 dmin @2, 12 B packed 6-bit scales/mins @4, 128 B nibbles
   @16 (bytes 32j..32j+31: low nibbles = values 64j.., high nibbles = values 64j+32..).
   Q6_K block (210 B): 128 B low nibbles @0, 64 B high 2-bit pairs @128, 16 x i8 scales @192,
-  f16 d @208 (value order: see `_q6_quants_at`).
+  f16 d @208 (value order: see `_q6_K_quants`).
 - activations Q8_K (`ggx_cpu.kernels.quantize_act`, structure of arrays): `yq` int8 values
   from `yo`, `yd` f32 scale per 256 values at `(yo >> 8) + b`, `ys4` the bsums (int32 sum of
   16 values) at `(yo >> 4) + g`; `ys` unused.
@@ -50,6 +50,7 @@ from .simd import (
     zero_f32x8,
     zero_i32x8,
 )
+from .vector import _store16
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
@@ -144,64 +145,80 @@ def _ol_dot_u8s8_scaled(isa, acc, u, s, sc):
 
 
 # --- loads and unpacking -------------------------------------------------------------------------
+# Every unpacking intrinsic returns a super-block as 8 runs of 32 values (run c = values 32c..
+# 32c+31, matching the activation bytes at y + 32c) and the run's scales as int16 vectors laid
+# out for `dot_u8s8_scaled`.
+_QUANTS = types.UniTuple(I8x32, 8)
+_SCALES = types.UniTuple(I16x16, 8)
+
+
 @intrinsic
-def _q4_nibbles(typingctx, w, o):
-    """The 32 bytes at o as (low nibbles, high nibbles), each 32 values 0..15 in byte order."""
+def _q4_K_quants(typingctx, w, o):
+    """The 256 values of the Q4_K block at byte o, 0..15: run 2j = low nibbles of bytes
+    16 + 32j .. 16 + 32j + 31, run 2j + 1 = their high nibbles."""
     if not _bytes_arg(w, o):
         return None
 
     def codegen(context, builder, sig, args):
-        v = _load(context, builder, sig.args[0], args[0], args[1], _llty(I8x32))
         m = _splat(_I8, 32, 15)
-        lo = builder.and_(v, m)
-        hi = builder.lshr(builder.bitcast(v, _llty(I32x8)), _splat(_I32, 8, 4))
-        hi = builder.and_(builder.bitcast(hi, _llty(I8x32)), m)
-        return context.make_tuple(builder, sig.return_type, [lo, hi])
+        o0 = context.cast(builder, args[1], sig.args[1], types.intp)
+        runs = []
+        for j in range(4):
+            off = builder.add(o0, ir.Constant(ir.IntType(64), 16 + 32 * j))
+            v = _load(context, builder, sig.args[0], args[0], off, _llty(I8x32))
+            # the high nibbles by an int32 shift (x86 has no byte shift), the mask drops what
+            # crossed over from the neighbouring byte
+            hi = builder.bitcast(builder.lshr(builder.bitcast(v, _llty(I32x8)), _splat(_I32, 8, 4)), _llty(I8x32))
+            runs += [builder.and_(v, m), builder.and_(hi, m)]
+        return context.make_tuple(builder, sig.return_type, runs)
 
-    return types.UniTuple(I8x32, 2)(w, types.intp), codegen
+    return _QUANTS(w, types.intp), codegen
+
+
+def _pshufb(builder, v, mask):
+    """vpshufb on 32 bytes with a constant mask (an index >= 128 gives 0): byte i takes byte
+    mask[i] of its own 16-byte half. An AVX2 instruction, on every host of both vector ISAs."""
+    v8 = _llty(I8x32)
+    fn = _declare(builder, "llvm.x86.avx2.pshuf.b", v8, [v8, v8])
+    return builder.call(fn, [v, ir.Constant(v8, [ir.Constant(_I8, m) for m in mask])])
 
 
 @intrinsic
 def _q4_K_scales(typingctx, w, o):
-    """The 6-bit scales and mins of the Q4_K block at byte o: (8 int16 vectors, sub-block j's
-    scale in all 16 lanes; int32 x 8 mins). Unpacked on 3 little-endian words as ggml's
-    utmp / kmask code does: scales 0..3 = q[0..3] & 63, mins 0..3 = q[4..7] & 63, scale 4+i =
-    (q[8+i] & 15) | (q[i] >> 6) << 4, min 4+i = (q[8+i] >> 4) | (q[4+i] >> 6) << 4."""
+    """The 6-bit scales and mins of the Q4_K block at byte o: (run j's scale in all 16 int16
+    lanes of splat j; int32 lane j = min j). ggml's utmp / kmask unpacking on the 3 words
+    u0, u1, u2 at o + 4, done as one vector of 4 words [scales 0..3, scales 4..7, mins 0..3,
+    mins 4..7]: scale j < 4 = q[j] & 63, min j < 4 = q[4 + j] & 63, scale 4 + i =
+    (q[8 + i] & 15) | (q[i] >> 6) << 4, min 4 + i = (q[8 + i] >> 4) | (q[4 + i] >> 6) << 4.
+    (The 16-byte load reads 4 bytes of the nibbles after the scales; they are dropped.)"""
     if not _bytes_arg(w, o):
         return None
 
     def codegen(context, builder, sig, args):
-        def word(k):
-            off = builder.add(context.cast(builder, args[1], sig.args[1], types.intp),
-                              ir.Constant(ir.IntType(64), 4 + 4 * k))
-            return _load(context, builder, sig.args[0], args[0], off, _I32)
-
-        def c(v):
-            return ir.Constant(_I32, v)
-
-        u0, u1, u2 = word(0), word(1), word(2)
-        sc_lo = builder.and_(u0, c(0x3F3F3F3F))
-        mn_lo = builder.and_(u1, c(0x3F3F3F3F))
-        sc_hi = builder.or_(builder.and_(u2, c(0x0F0F0F0F)),
-                            builder.shl(builder.and_(builder.lshr(u0, c(6)), c(0x03030303)), c(4)))
-        mn_hi = builder.or_(builder.and_(builder.lshr(u2, c(4)), c(0x0F0F0F0F)),
-                            builder.shl(builder.and_(builder.lshr(u1, c(6)), c(0x03030303)), c(4)))
         v4 = ir.VectorType(_I32, 4)
-        vec = ir.Constant(v4, ir.Undefined)
-        for i, x in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
-            vec = builder.insert_element(vec, x, c(i))
-        b16 = builder.bitcast(vec, ir.VectorType(_I8, 16))  # scales 0..7, mins 0..7
-        s16 = builder.zext(builder.shuffle_vector(b16, b16, _ic(range(8))), ir.VectorType(_I16, 8))
-        splats = [builder.shuffle_vector(s16, s16, _ic([j] * 16)) for j in range(8)]
-        mins = builder.zext(builder.shuffle_vector(b16, b16, _ic(range(8, 16))), _llty(I32x8))
-        return context.make_tuple(builder, sig.return_type, splats + [mins])
+        off = builder.add(context.cast(builder, args[1], sig.args[1], types.intp), ir.Constant(ir.IntType(64), 4))
+        u = _load(context, builder, sig.args[0], args[0], off, v4)  # [u0, u1, u2, -]
+        low = builder.shuffle_vector(u, u, _ic([0, 2, 1, 2]))
+        top = builder.shuffle_vector(u, ir.Constant(v4, None), _ic([4, 0, 4, 1]))  # 2-bit tops; 0 for words 0, 2
 
-    return types.Tuple([I16x16] * 8 + [I32x8])(w, types.intp), codegen
+        def c4(*v):
+            return _ic(v)
+
+        low = builder.and_(builder.lshr(low, c4(0, 0, 0, 4)), c4(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F))
+        top = builder.shl(builder.and_(builder.lshr(top, c4(6, 6, 6, 6)), c4(*[0x03030303] * 4)), c4(4, 4, 4, 4))
+        b16 = builder.bitcast(builder.or_(low, top), ir.VectorType(_I8, 16))  # scales 0..7, mins 0..7
+        both = builder.shuffle_vector(b16, b16, _ic(list(range(16)) * 2))
+        splats = [builder.bitcast(_pshufb(builder, both, [j, 0x80] * 16), _llty(I16x16)) for j in range(8)]
+        mins = builder.zext(builder.shuffle_vector(b16, b16, _ic(range(8, 16))), _llty(I32x8))
+        return context.make_tuple(builder, sig.return_type,
+                                  [context.make_tuple(builder, _SCALES, splats), mins])
+
+    return types.Tuple([_SCALES, I32x8])(w, types.intp), codegen
 
 
 @intrinsic
 def _bsum_pairs(typingctx, ys4, g):
-    """int32 lane j = bsum[g + 2j] + bsum[g + 2j + 1]: the sums of the 8 runs of 32 values."""
+    """int32 lane j = bsum[g + 2j] + bsum[g + 2j + 1]: the activation sums of the 8 runs."""
     if not (isinstance(ys4, types.Array) and ys4.dtype == types.int32 and isinstance(g, types.Integer)):
         return None
 
@@ -227,6 +244,7 @@ def _mul_vv(typingctx, a, b):
 
 @intrinsic
 def _sub_vv(typingctx, a, b):
+    """Lane-wise int32 difference."""
     if a != I32x8 or b != I32x8:
         return None
 
@@ -237,114 +255,134 @@ def _sub_vv(typingctx, a, b):
 
 
 @intrinsic
-def _q6_quants_at(typingctx, w, ql, qh):
-    """Four 32-value runs of a Q6_K block half as unsigned values 0..63 (value + 32): with 32
-    bytes l0 at ql, l1 at ql + 32 and h at qh (ggml's dequantize_row_q6_K order):
-    run 0 = (l0 & 15) | (h & 3) << 4,       run 1 = (l1 & 15) | (h >> 2 & 3) << 4,
-    run 2 = (l0 >> 4) | (h >> 4 & 3) << 4,  run 3 = (l1 >> 4) | (h >> 6) << 4."""
-    if not (_bytes_arg(w, ql) and isinstance(qh, types.Integer)):
+def _q6_K_quants(typingctx, w, o):
+    """The 256 values of the Q6_K block at byte o as unsigned 0..63 (value + 32), ggml's
+    dequantize_row_q6_K order: half n (runs 4n..4n+3) has l0 = 32 bytes at o + 64n, l1 at
+    o + 64n + 32, h at o + 128 + 32n, and
+    run 4n = (l0 & 15) | (h & 3) << 4,       run 4n+1 = (l1 & 15) | (h >> 2 & 3) << 4,
+    run 4n+2 = (l0 >> 4) | (h >> 4 & 3) << 4, run 4n+3 = (l1 >> 4) | (h >> 6) << 4."""
+    if not _bytes_arg(w, o):
         return None
 
     def codegen(context, builder, sig, args):
-        v8 = _llty(I8x32)
-        v32 = _llty(I32x8)
-        q = context.cast(builder, args[1], sig.args[1], types.intp)
-        l0 = _load(context, builder, sig.args[0], args[0], q, v8)
-        l1 = _load(context, builder, sig.args[0], args[0], builder.add(q, ir.Constant(ir.IntType(64), 32)), v8)
-        h = _load(context, builder, sig.args[0], args[0], context.cast(builder, args[2], sig.args[2], types.intp), v8)
+        v8, v32 = _llty(I8x32), _llty(I32x8)
+        o0 = context.cast(builder, args[1], sig.args[1], types.intp)
         m4, m30 = _splat(_I8, 32, 15), _splat(_I8, 32, 0x30)
 
+        def load(off):
+            return _load(context, builder, sig.args[0], args[0], builder.add(o0, ir.Constant(ir.IntType(64), off)), v8)
+
         def shifted(v, n):
-            # byte shifts as int32 lanes + a mask (x86 has no byte shifts); the mask drops the
-            # bits that crossed from the neighbouring byte
+            # byte shifts as int32 lanes; the callers' masks drop bits from the neighbouring byte
             vi = builder.bitcast(v, v32)
-            if n > 0:
-                vi = builder.shl(vi, _splat(_I32, 8, n))
-            elif n < 0:
-                vi = builder.lshr(vi, _splat(_I32, 8, -n))
+            vi = builder.shl(vi, _splat(_I32, 8, n)) if n > 0 else builder.lshr(vi, _splat(_I32, 8, -n))
             return builder.bitcast(vi, v8)
 
-        runs = [
-            builder.or_(builder.and_(l0, m4), builder.and_(shifted(h, 4), m30)),
-            builder.or_(builder.and_(l1, m4), builder.and_(shifted(h, 2), m30)),
-            builder.or_(builder.and_(shifted(l0, -4), m4), builder.and_(h, m30)),
-            builder.or_(builder.and_(shifted(l1, -4), m4), builder.and_(shifted(h, -2), m30)),
-        ]
+        runs = []
+        for n in range(2):
+            l0, l1, h = load(64 * n), load(64 * n + 32), load(128 + 32 * n)
+            runs += [
+                builder.or_(builder.and_(l0, m4), builder.and_(shifted(h, 4), m30)),
+                builder.or_(builder.and_(l1, m4), builder.and_(shifted(h, 2), m30)),
+                builder.or_(builder.and_(shifted(l0, -4), m4), builder.and_(h, m30)),
+                builder.or_(builder.and_(shifted(l1, -4), m4), builder.and_(shifted(h, -2), m30)),
+            ]
         return context.make_tuple(builder, sig.return_type, runs)
 
-    return types.UniTuple(I8x32, 4)(w, types.intp, types.intp), codegen
+    return _QUANTS(w, types.intp), codegen
 
 
 @intrinsic
-def _q6_K_scales(typingctx, w, o, ys4, g):
-    """The 16 int8 scales at byte o (a Q6_K block + 192) as 8 int16 vectors (run c: scale 2c
-    on lanes 0..7, 2c + 1 on lanes 8..15, matching the 16-value halves of a 32-value run),
-    and the int32 x 8 offset correction 32 * (lane i: s_i bsum_i + s_{i+8} bsum_{i+8}) with
-    the bsums from ys4[g..g+15]."""
+def _q6_K_scales(typingctx, w, o):
+    """The 16 int8 scales of the Q6_K block at byte o (at o + 192), one per 16 values: run c
+    gets scale 2c on int16 lanes 0..7 (its first 16 values) and 2c + 1 on lanes 8..15.
+    Sign-extended once; each splat is one vpshufb of the half holding its two scales."""
+    if not _bytes_arg(w, o):
+        return None
+
+    def codegen(context, builder, sig, args):
+        off = builder.add(context.cast(builder, args[1], sig.args[1], types.intp), ir.Constant(ir.IntType(64), 192))
+        b = _load(context, builder, sig.args[0], args[0], off, ir.VectorType(_I8, 16))
+        s16 = builder.bitcast(builder.sext(b, ir.VectorType(_I16, 16)), _llty(I8x32))
+        halves = [builder.shuffle_vector(s16, s16, _ic(list(range(16 * h, 16 * h + 16)) * 2)) for h in range(2)]
+        splats = []
+        for c in range(8):
+            k = 2 * (2 * c % 8)  # byte offset of word 2c within its half (scales 0..7 | 8..15)
+            mask = [k, k + 1] * 8 + [k + 2, k + 3] * 8
+            splats.append(builder.bitcast(_pshufb(builder, halves[c // 4], mask), _llty(I16x16)))
+        return context.make_tuple(builder, sig.return_type, splats)
+
+    return _SCALES(w, types.intp), codegen
+
+
+@intrinsic
+def _q6_K_offset(typingctx, w, o, ys4, g):
+    """What the +32 in `_q6_K_quants` adds, to take off: int32 lane i = 32 (s_i bsum_i +
+    s_{i+8} bsum_{i+8}), s the Q6_K block's scales (at o + 192), bsums at ys4[g..g+15]."""
     if not (_bytes_arg(w, o) and isinstance(ys4, types.Array) and ys4.dtype == types.int32
             and isinstance(g, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
-        b = _load(context, builder, sig.args[0], args[0], args[1], ir.VectorType(_I8, 16))
-        s16 = builder.sext(b, ir.VectorType(_I16, 16))
-        splats = [builder.shuffle_vector(s16, s16, _ic([2 * c] * 8 + [2 * c + 1] * 8)) for c in range(8)]
+        off = builder.add(context.cast(builder, args[1], sig.args[1], types.intp), ir.Constant(ir.IntType(64), 192))
+        b = _load(context, builder, sig.args[0], args[0], off, ir.VectorType(_I8, 16))
         bs = _load(context, builder, sig.args[2], args[2], args[3], ir.VectorType(_I32, 16))
         prod = builder.mul(builder.sext(b, ir.VectorType(_I32, 16)), bs)
         half = builder.add(builder.shuffle_vector(prod, prod, _ic(range(8))),
                            builder.shuffle_vector(prod, prod, _ic(range(8, 16))))
-        corr = builder.shl(half, _splat(_I32, 8, 5))
-        return context.make_tuple(builder, sig.return_type, splats + [corr])
+        return builder.shl(half, _splat(_I32, 8, 5))
 
-    return types.Tuple([I16x16] * 8 + [I32x8])(w, types.intp, ys4, types.intp), codegen
+    return I32x8(w, types.intp, ys4, types.intp), codegen
 
 
-# --- one super-block: int32 lanes -----------------------------------------------------------------
-@njit(cache=True, inline="always")
-def _q4_K_lanes(isa, w, o, yq, y, s0, s1, s2, s3, s4, s5, s6, s7):
-    """sum_j s_j (q . y)_j of the Q4_K block at o, lane-wise (mins not included); four short
-    accumulation chains so consecutive products do not wait on each other."""
+# --- one super-block x one column: int32 lanes ----------------------------------------------------
+# These helpers are separate numba functions that LLVM inlines; numba-level inlining
+# (inline="always") of all of them made each 4x4 tile take ~7 s to compile instead of ~1 s, for
+# no speed: only the per-row part of the tiles is inlined by numba (LLVM declines that one).
+@njit(cache=True)
+def _run2(isa, acc, q0, q1, s0, s1, yq, y):
+    """acc + two consecutive runs (64 values at y), scaled."""
+    return dot_u8s8_scaled(isa, dot_u8s8_scaled(isa, acc, q0, load_i8x32(yq, y), s0), q1, load_i8x32(yq, y + 32), s1)
+
+
+@njit(cache=True)
+def _lanes(isa, q, s, yq, y):
+    """sum_c s_c (q_c . y_c) over the 8 runs, lane-wise and exact (|sum| < 2^31: at most
+    8 runs x 4 values x 63 x 127 x 128). Four short chains, so products do not wait on each other."""
     z = zero_i32x8()
-    lo, hi = _q4_nibbles(w, o + 16)
-    a = dot_u8s8_scaled(isa, dot_u8s8_scaled(isa, z, lo, load_i8x32(yq, y), s0), hi, load_i8x32(yq, y + 32), s1)
-    lo, hi = _q4_nibbles(w, o + 48)
-    b = dot_u8s8_scaled(isa, dot_u8s8_scaled(isa, z, lo, load_i8x32(yq, y + 64), s2), hi, load_i8x32(yq, y + 96), s3)
-    lo, hi = _q4_nibbles(w, o + 80)
-    c = dot_u8s8_scaled(isa, dot_u8s8_scaled(isa, z, lo, load_i8x32(yq, y + 128), s4), hi, load_i8x32(yq, y + 160), s5)
-    lo, hi = _q4_nibbles(w, o + 112)
-    e = dot_u8s8_scaled(isa, dot_u8s8_scaled(isa, z, lo, load_i8x32(yq, y + 192), s6), hi, load_i8x32(yq, y + 224), s7)
+    a = _run2(isa, z, q[0], q[1], s[0], s[1], yq, y)
+    b = _run2(isa, z, q[2], q[3], s[2], s[3], yq, y + 64)
+    c = _run2(isa, z, q[4], q[5], s[4], s[5], yq, y + 128)
+    e = _run2(isa, z, q[6], q[7], s[6], s[7], yq, y + 192)
     return add_i32x8(add_i32x8(a, b), add_i32x8(c, e))
 
 
-@njit(cache=True, inline="always")
-def _q4_K_block(isa, acc, w, o, yq, yd, ys4, y):
-    """acc + the lanes of one Q4_K x Q8_K super-block: d (sum_j s_j q.y) - dmin (sum_j m_j bsum_j)."""
-    s0, s1, s2, s3, s4, s5, s6, s7, mins = _q4_K_scales(w, o)
+@njit(cache=True)
+def _q4_K_col(isa, acc, q, s, mins, d, dmin, yq, yd, ys4, y):
+    """acc + one Q4_K block (unpacked: q, s, mins, f16 d and dmin) x the Q8_K block at y:
+    d dy (sum_j s_j q_j . y_j) - dmin dy (sum_j m_j bsum_j), lane-wise."""
     dy = at(yd, y >> 8)
-    lanes = _q4_K_lanes(isa, w, o, yq, y, s0, s1, s2, s3, s4, s5, s6, s7)
-    acc = fma_i32x8_f32x8(acc, lanes, splat_f32x8(f16_at(w, o) * dy))
-    return fma_i32x8_f32x8(acc, _mul_vv(mins, _bsum_pairs(ys4, y >> 4)), splat_f32x8(-(f16_at(w, o + 2) * dy)))
+    acc = fma_i32x8_f32x8(acc, _lanes(isa, q, s, yq, y), splat_f32x8(d * dy))
+    return fma_i32x8_f32x8(acc, _mul_vv(mins, _bsum_pairs(ys4, y >> 4)), splat_f32x8(-(dmin * dy)))
 
 
-@njit(cache=True, inline="always")
-def _q6_K_lanes(isa, w, o, yq, y, s0, s1, s2, s3, s4, s5, s6, s7, corr):
-    """sum_k s_k (q - 32) . y over the Q6_K block at o, lane-wise, exact."""
-    z = zero_i32x8()
-    r0, r1, r2, r3 = _q6_quants_at(w, o, o + 128)
-    a = dot_u8s8_scaled(isa, dot_u8s8_scaled(isa, z, r0, load_i8x32(yq, y), s0), r1, load_i8x32(yq, y + 32), s1)
-    b = dot_u8s8_scaled(isa, dot_u8s8_scaled(isa, z, r2, load_i8x32(yq, y + 64), s2), r3, load_i8x32(yq, y + 96), s3)
-    r0, r1, r2, r3 = _q6_quants_at(w, o + 64, o + 160)
-    c = dot_u8s8_scaled(isa, dot_u8s8_scaled(isa, z, r0, load_i8x32(yq, y + 128), s4), r1, load_i8x32(yq, y + 160), s5)
-    e = dot_u8s8_scaled(isa, dot_u8s8_scaled(isa, z, r2, load_i8x32(yq, y + 192), s6), r3, load_i8x32(yq, y + 224), s7)
-    return _sub_vv(add_i32x8(add_i32x8(a, b), add_i32x8(c, e)), corr)
+@njit(cache=True)
+def _q4_K_block(isa, acc, w, o, yq, yd, ys4, y):
+    s, mins = _q4_K_scales(w, o)
+    return _q4_K_col(isa, acc, _q4_K_quants(w, o), s, mins, f16_at(w, o), f16_at(w, o + 2), yq, yd, ys4, y)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
+def _q6_K_col(isa, acc, q, s, d, w, o, yq, yd, ys4, y):
+    """acc + one Q6_K block at o (unpacked: q, s, f16 d) x the Q8_K block at y:
+    d dy sum_k s_k (q_k - 32) . y_k, lane-wise."""
+    lanes = _sub_vv(_lanes(isa, q, s, yq, y), _q6_K_offset(w, o, ys4, y >> 4))
+    return fma_i32x8_f32x8(acc, lanes, splat_f32x8(d * at(yd, y >> 8)))
+
+
+@njit(cache=True)
 def _q6_K_block(isa, acc, w, o, yq, yd, ys4, y):
-    """acc + the lanes of one Q6_K x Q8_K super-block: d sum_k s_k (q - 32) . y."""
-    s0, s1, s2, s3, s4, s5, s6, s7, corr = _q6_K_scales(w, o + 192, ys4, y >> 4)
-    lanes = _q6_K_lanes(isa, w, o, yq, y, s0, s1, s2, s3, s4, s5, s6, s7, corr)
-    return fma_i32x8_f32x8(acc, lanes, splat_f32x8(f16_at(w, o + 208) * at(yd, y >> 8)))
+    return _q6_K_col(isa, acc, _q6_K_quants(w, o), _q6_K_scales(w, o), f16_at(w, o + 208), w, o, yq, yd, ys4, y)
 
 
 # --- row dots ---------------------------------------------------------------------------------------
@@ -364,3 +402,95 @@ def dot_q6_K(isa, w, wo, nb, yq, yd, ys, ys4, yo):
     for b in range(nb):
         acc = _q6_K_block(isa, acc, w, wo + b * 210, yq, yd, ys4, yo + b * 256)
     return hsum_f32x8(acc)
+
+
+# --- row quads (the gemv): 4 rows x 1 column, four independent accumulator chains ---------------
+@njit(cache=True)
+def rows4_q4_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+    """out[oo + r] = dot_q4_K of rows wo + r * wrs (r < 4) with the column at yo."""
+    a0 = a1 = a2 = a3 = zero_f32x8()
+    for b in range(nb):
+        o0 = wo + b * 144
+        y = yo + b * 256
+        a0 = _q4_K_block(isa, a0, w, o0, yq, yd, ys4, y)
+        a1 = _q4_K_block(isa, a1, w, o0 + wrs, yq, yd, ys4, y)
+        a2 = _q4_K_block(isa, a2, w, o0 + 2 * wrs, yq, yd, ys4, y)
+        a3 = _q4_K_block(isa, a3, w, o0 + 3 * wrs, yq, yd, ys4, y)
+    out[oo] = hsum_f32x8(a0)
+    out[oo + 1] = hsum_f32x8(a1)
+    out[oo + 2] = hsum_f32x8(a2)
+    out[oo + 3] = hsum_f32x8(a3)
+
+
+@njit(cache=True)
+def rows4_q6_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+    """out[oo + r] = dot_q6_K of rows wo + r * wrs (r < 4) with the column at yo."""
+    a0 = a1 = a2 = a3 = zero_f32x8()
+    for b in range(nb):
+        o0 = wo + b * 210
+        y = yo + b * 256
+        a0 = _q6_K_block(isa, a0, w, o0, yq, yd, ys4, y)
+        a1 = _q6_K_block(isa, a1, w, o0 + wrs, yq, yd, ys4, y)
+        a2 = _q6_K_block(isa, a2, w, o0 + 2 * wrs, yq, yd, ys4, y)
+        a3 = _q6_K_block(isa, a3, w, o0 + 3 * wrs, yq, yd, ys4, y)
+    out[oo] = hsum_f32x8(a0)
+    out[oo + 1] = hsum_f32x8(a1)
+    out[oo + 2] = hsum_f32x8(a2)
+    out[oo + 3] = hsum_f32x8(a3)
+
+
+# --- tiles (the gemm): 4 rows x 4 columns, each weight block unpacked once for 4 columns --------
+@njit(cache=True, inline="always")
+def _q4_K_row4(isa, a0, a1, a2, a3, w, o, yq, yd, ys4, y0, y1, y2, y3):
+    q = _q4_K_quants(w, o)
+    s, mins = _q4_K_scales(w, o)
+    d, dmin = f16_at(w, o), f16_at(w, o + 2)
+    a0 = _q4_K_col(isa, a0, q, s, mins, d, dmin, yq, yd, ys4, y0)
+    a1 = _q4_K_col(isa, a1, q, s, mins, d, dmin, yq, yd, ys4, y1)
+    a2 = _q4_K_col(isa, a2, q, s, mins, d, dmin, yq, yd, ys4, y2)
+    a3 = _q4_K_col(isa, a3, q, s, mins, d, dmin, yq, yd, ys4, y3)
+    return a0, a1, a2, a3
+
+
+@njit(cache=True, inline="always")
+def _q6_K_row4(isa, a0, a1, a2, a3, w, o, yq, yd, ys4, y0, y1, y2, y3):
+    q = _q6_K_quants(w, o)
+    s = _q6_K_scales(w, o)
+    d = f16_at(w, o + 208)
+    a0 = _q6_K_col(isa, a0, q, s, d, w, o, yq, yd, ys4, y0)
+    a1 = _q6_K_col(isa, a1, q, s, d, w, o, yq, yd, ys4, y1)
+    a2 = _q6_K_col(isa, a2, q, s, d, w, o, yq, yd, ys4, y2)
+    a3 = _q6_K_col(isa, a3, q, s, d, w, o, yq, yd, ys4, y3)
+    return a0, a1, a2, a3
+
+
+@njit(cache=True)
+def tile_q4_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3):
+    """4 rows x 4 columns of dot_q4_K; result (r, c) to out[oo_c + r]."""
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = zero_f32x8()
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = zero_f32x8()
+    for b in range(nb):
+        o = wo + b * 144
+        y0, y1, y2, y3 = yo0 + b * 256, yo1 + b * 256, yo2 + b * 256, yo3 + b * 256
+        a00, a01, a02, a03 = _q4_K_row4(isa, a00, a01, a02, a03, w, o, yq, yd, ys4, y0, y1, y2, y3)
+        a10, a11, a12, a13 = _q4_K_row4(isa, a10, a11, a12, a13, w, o + wrs, yq, yd, ys4, y0, y1, y2, y3)
+        a20, a21, a22, a23 = _q4_K_row4(isa, a20, a21, a22, a23, w, o + 2 * wrs, yq, yd, ys4, y0, y1, y2, y3)
+        a30, a31, a32, a33 = _q4_K_row4(isa, a30, a31, a32, a33, w, o + 3 * wrs, yq, yd, ys4, y0, y1, y2, y3)
+    _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+             a20, a21, a22, a23, a30, a31, a32, a33)
+
+
+@njit(cache=True)
+def tile_q6_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3):
+    """4 rows x 4 columns of dot_q6_K; result (r, c) to out[oo_c + r]."""
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = zero_f32x8()
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = zero_f32x8()
+    for b in range(nb):
+        o = wo + b * 210
+        y0, y1, y2, y3 = yo0 + b * 256, yo1 + b * 256, yo2 + b * 256, yo3 + b * 256
+        a00, a01, a02, a03 = _q6_K_row4(isa, a00, a01, a02, a03, w, o, yq, yd, ys4, y0, y1, y2, y3)
+        a10, a11, a12, a13 = _q6_K_row4(isa, a10, a11, a12, a13, w, o + wrs, yq, yd, ys4, y0, y1, y2, y3)
+        a20, a21, a22, a23 = _q6_K_row4(isa, a20, a21, a22, a23, w, o + 2 * wrs, yq, yd, ys4, y0, y1, y2, y3)
+        a30, a31, a32, a33 = _q6_K_row4(isa, a30, a31, a32, a33, w, o + 3 * wrs, yq, yd, ys4, y0, y1, y2, y3)
+    _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+             a20, a21, a22, a23, a30, a31, a32, a33)

@@ -44,22 +44,33 @@ def rope_rows(r0, r1, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_fa
               x, xo, xs, ne, pos, po, ps, y, yo, ys):
     n0, n1, n2 = ne[0], ne[1], ne[2]
     half = n_dims // 2
+    # rows of one position (the heads of a token) share their cos/sin (ggml's rope cache)
+    cos_k = np.empty(half, np.float32)
+    sin_k = np.empty(half, np.float32)
+    cached = -1
     for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
-        theta_extrap = np.float32(pos[po + i2 * ps[0]])
-        for k in range(half):  # pair k uses theta_base * theta_scale^k
-            theta_interp = freq_scale * theta_extrap
-            theta = theta_interp
-            mscale = attn_factor
-            if ext_factor != 0:
-                yr = (np.float32(k) - corr0) / max(np.float32(0.001), corr1 - corr0)
-                ramp = (np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), yr))) * ext_factor
-                theta = theta_interp * (np.float32(1.0) - ramp) + theta_extrap * ramp
-                mscale *= np.float32(1.0) + np.float32(0.1) * np.float32(math.log(1.0 / freq_scale))
-            c = np.float32(math.cos(theta)) * mscale
-            s = np.float32(math.sin(theta)) * mscale
+        p = pos[po + i2 * ps[0]]
+        if cached < 0 or p != pos[po + cached * ps[0]]:
+            cached = i2
+            theta_extrap = np.float32(p)
+            for k in range(half):  # pair k uses theta_base * theta_scale^k
+                theta_interp = freq_scale * theta_extrap
+                theta = theta_interp
+                mscale = attn_factor
+                if ext_factor != 0:
+                    yr = (np.float32(k) - corr0) / max(np.float32(0.001), corr1 - corr0)
+                    ramp = (np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), yr))) * ext_factor
+                    theta = theta_interp * (np.float32(1.0) - ramp) + theta_extrap * ramp
+                    mscale *= np.float32(1.0) + np.float32(0.1) * np.float32(math.log(1.0 / freq_scale))
+                cos_k[k] = np.float32(math.cos(theta)) * mscale
+                sin_k[k] = np.float32(math.sin(theta)) * mscale
+                theta_extrap *= theta_scale
+        for k in range(half):
+            c = cos_k[k]
+            s = sin_k[k]
             if neox:
                 j0, j1 = k, k + half
             else:
@@ -68,7 +79,6 @@ def rope_rows(r0, r1, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_fa
             x1 = x[xb + j1 * xs[0]]
             y[yb + j0 * ys[0]] = x0 * c - x1 * s
             y[yb + j1 * ys[0]] = x0 * s + x1 * c
-            theta_extrap *= theta_scale
         for i in range(n_dims, n0):
             y[yb + i * ys[0]] = x[xb + i * xs[0]]
 
