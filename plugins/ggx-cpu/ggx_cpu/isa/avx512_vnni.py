@@ -19,7 +19,18 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from . import vector
-from .simd import I8x32, I32x8, Vec, _elem_ptr, _llty, add_i32x8, load_i32x8, mul_i32x8, prefetch, xor80_i8x32  # noqa: F401
+from .simd import (  # noqa: F401
+    I8x32,
+    I32x8,
+    Vec,
+    _elem_ptr,
+    _llty,
+    add_i32x8,
+    load_i32x8,
+    mul_i32x8,
+    prefetch_next_quad,
+    xor80_i8x32,
+)
 
 NAME = "avx512_vnni"
 REQUIRES = ("avx512f", "avx512bw", "avx512vl", "avx512vnni", "f16c")
@@ -252,11 +263,7 @@ def rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         o1 = o0 + wrs
         o2 = o1 + wrs
         o3 = o2 + wrs
-        # the same blocks of the rows 2 quads ahead: DRAM latency hides behind this quad
-        prefetch(w, o0 + 16 * wrs)
-        prefetch(w, o1 + 16 * wrs)
-        prefetch(w, o2 + 16 * wrs)
-        prefetch(w, o3 + 16 * wrs)
+        prefetch_next_quad(w, wo, wrs, 144, b >> 1)
         y = yo + b * 32
         # shared by the 4 rows: 2 activation blocks, their -8 * 4-sums (lane start), scales
         v, i, e = _load_i8x64(yq, y), _neg8(_load_i32x16(ys4, y >> 2)), _f32x2(yd, y >> 5, np.float32(1.0))
@@ -290,11 +297,7 @@ def rows4_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         o1 = o0 + wrs
         o2 = o1 + wrs
         o3 = o2 + wrs
-        # the same blocks of the rows 2 quads ahead: DRAM latency hides behind this quad
-        prefetch(w, o0 + 16 * wrs)
-        prefetch(w, o1 + 16 * wrs)
-        prefetch(w, o2 + 16 * wrs)
-        prefetch(w, o3 + 16 * wrs)
+        prefetch_next_quad(w, wo, wrs, 160, b >> 1)
         y = yo + b * 32
         v, e, s = _load_i8x64(yq, y), _f32x2(yd, y >> 5, np.float32(1.0)), _f32x2(ys, y >> 5, np.float32(0.125))
         a0 = _fma16(a0, _vpdpbusd512(z, _nib2(w, o0 + 4, 20), v), _mul16(_q4_1_d2(w, o0), e))

@@ -20,6 +20,7 @@ is qs[j] >> 4). An `i32x8` lane i holds the dot product of the bytes 4i..4i+3.
 from __future__ import annotations
 
 from llvmlite import ir
+from numba import njit
 from numba.core import cgutils, types
 from numba.extending import NativeValue, intrinsic, models, register_model, typeof_impl, unbox
 
@@ -109,6 +110,18 @@ def prefetch(typingctx, arr, off):
         return context.get_dummy_value()
 
     return types.void(arr, off), codegen
+
+
+@njit(cache=True, inline="always")
+def prefetch_next_quad(w, wo, wrs, step_bytes, i):
+    """Prefetch step i of the next row quad (4 rows from byte wo + 4 * wrs, read as one
+    sequential stream of `step_bytes` a step) while a gemv works on the quad at wo.
+
+    DRAM serves this one stream far better than the same bytes as four rows apart: a Q4_0
+    row quad went from 14.8 to 21.8 GB/s on one core (30.7 on two)."""
+    p = wo + 4 * wrs + i * step_bytes
+    for k in range(0, step_bytes, 64):
+        prefetch(w, p + k)
 
 
 def _elem_ptr(context, builder, arrty, arr, off):

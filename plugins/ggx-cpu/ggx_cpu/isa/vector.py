@@ -43,7 +43,7 @@ from .simd import (
     load_i32x8,
     mul_i32x8,
     nibbles_i8x32,
-    prefetch,
+    prefetch_next_quad,
     splat_f32x8,
     zero_f32x8,
     zero_i32x8,
@@ -225,11 +225,7 @@ def rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         o1 = o0 + wrs
         o2 = o1 + wrs
         o3 = o2 + wrs
-        # the same block of the rows 2 quads ahead: DRAM latency hides behind this quad
-        prefetch(w, o0 + 8 * wrs)
-        prefetch(w, o1 + 8 * wrs)
-        prefetch(w, o2 + 8 * wrs)
-        prefetch(w, o3 + 8 * wrs)
+        prefetch_next_quad(w, wo, wrs, 72, b)
         y = yo + b * 32
         # shared by the 4 rows: the activation block, its -8 * sums (lane start), its scale
         v, i, e = load_i8x32(yq, y), mul_i32x8(load_i32x8(ys4, y >> 2), -8), splat_f32x8(at(yd, y >> 5))
@@ -258,11 +254,7 @@ def rows4_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         o1 = o0 + wrs
         o2 = o1 + wrs
         o3 = o2 + wrs
-        # the same block of the rows 2 quads ahead: DRAM latency hides behind this quad
-        prefetch(w, o0 + 8 * wrs)
-        prefetch(w, o1 + 8 * wrs)
-        prefetch(w, o2 + 8 * wrs)
-        prefetch(w, o3 + 8 * wrs)
+        prefetch_next_quad(w, wo, wrs, 80, b)
         y = yo + b * 32
         v, e, sy = load_i8x32(yq, y), splat_f32x8(at(yd, y >> 5)), splat_f32x8(at(ys, y >> 5) * np.float32(0.125))
         a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, z, _nib(w, o0 + 4), v), _mul_f32x8(_f16_splat(w, o0), e))
@@ -289,12 +281,7 @@ def rows4_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         o1 = o0 + wrs
         o2 = o1 + wrs
         o3 = o2 + wrs
-        # the same block of the rows 2 quads ahead: DRAM latency hides behind this quad
-        prefetch(w, o0 + 8 * wrs)
-        prefetch(w, o1 + 8 * wrs)
-        prefetch(w, o2 + 8 * wrs)
-        prefetch(w, o3 + 8 * wrs)
-        # the same block of the rows 2 quads ahead: DRAM latency hides behind this quad
+        prefetch_next_quad(w, wo, wrs, 136, b)
         y = yo + b * 32
         v, s, e = load_i8x32(yq, y), load_i32x8(ys4, y >> 2), at(yd, y >> 5)
         a0 = fma_i32x8_f32x8(a0, dot_s8s8(isa, z, load_i8x32(w, o0 + 2), v, s), splat_f32x8(_f16(w, o0) * e))
