@@ -94,8 +94,10 @@ def _load(context, builder, arrty, arr, off, llty):
 
 @intrinsic
 def _nib2(typingctx, w, o, step):
-    """The 16 nibble bytes at byte o and at o + step as 64 values 0..15: [lo(o) | hi(o) | lo(o +
-    step) | hi(o + step)] (ggml's Q4 value order per block), by broadcast, vpsrlvd and vpand."""
+    """The 16 nibble bytes at byte o and at o + step as [lo(o) | 16 * hi(o) | lo(o + step) |
+    16 * hi(o + step)] (ggml's Q4 value order per block): a broadcast and one vpand with
+    0x0F / 0xF0, no shift. The high-nibble lanes (4..7, 12..15 of the dot) come out 16x too
+    large; `_HI16` scales them back exactly in the float scale."""
     if not (_bytes_arg(w, o) and isinstance(step, types.Integer)):
         return None
 
@@ -105,10 +107,19 @@ def _nib2(typingctx, w, o, step):
         o2 = builder.add(args[1], context.cast(builder, args[2], sig.args[2], types.intp))
         b = _load(context, builder, sig.args[0], args[0], o2, v16)
         ab = builder.shuffle_vector(a, b, _ic(list(range(16)) * 2 + list(range(16, 32)) * 2))
-        sh = builder.lshr(builder.bitcast(ab, ir.VectorType(_I32, 16)), _ic(([0] * 4 + [4] * 4) * 2))
-        return builder.and_(builder.bitcast(sh, _llty(I8x64)), ir.Constant(_llty(I8x64), [ir.Constant(_I8, 15)] * 64))
+        mask = ([0x0F] * 16 + [0xF0] * 16) * 2
+        return builder.and_(ab, ir.Constant(_llty(I8x64), [ir.Constant(_I8, m) for m in mask]))
 
     return I8x64(w, types.intp, types.intp), codegen
+
+
+@intrinsic
+def _hi16(typingctx):
+    """1 on the low-nibble lanes, 1/16 on the high-nibble lanes of a `_nib2` dot (exact)."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_llty(F32x16), [ir.Constant(ir.FloatType(), f) for f in ([1.0] * 4 + [0.0625] * 4) * 2])
+
+    return F32x16(), codegen
 
 
 def _make_f16x2(first: int, second: int):
@@ -185,12 +196,13 @@ def _vpdpbusd512(typingctx, acc, u, s):
 
 @intrinsic
 def _neg8(typingctx, v):
-    """-8 * v, lane by lane (the Q4_0 offset applied to the activations' 4-sums)."""
+    """-8 * v on low-nibble lanes, -8 * 16 * v on high-nibble ones (see `_nib2`): the Q4_0
+    offset applied to the activations' 4-sums."""
     if v != I32x16:
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.mul(args[0], ir.Constant(_llty(I32x16), [ir.Constant(_I32, -8)] * 16))
+        return builder.mul(args[0], _ic(([-8] * 4 + [-128] * 4) * 2))
 
     return I32x16(I32x16), codegen
 
@@ -258,6 +270,7 @@ def rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
     """out[oo + r] = dot_q4_0 of rows wo + r * wrs (r < 4) with the column at yo (nb even, or
     the odd last block added by `ggx_cpu.isa.vector.dot_q4_0`)."""
     a0 = a1 = a2 = a3 = _zero16()
+    hi = _hi16()
     for b in range(0, nb - 1, 2):
         o0 = wo + b * 18
         o1 = o0 + wrs
@@ -266,7 +279,7 @@ def rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         prefetch_next_quad(w, wo, wrs, 144, b >> 1)
         y = yo + b * 32
         # shared by the 4 rows: 2 activation blocks, their -8 * 4-sums (lane start), scales
-        v, i, e = _load_i8x64(yq, y), _neg8(_load_i32x16(ys4, y >> 2)), _f32x2(yd, y >> 5, np.float32(1.0))
+        v, i, e = _load_i8x64(yq, y), _neg8(_load_i32x16(ys4, y >> 2)), _mul16(_f32x2(yd, y >> 5, np.float32(1.0)), hi)
         a0 = _fma16(a0, _vpdpbusd512(i, _nib2(w, o0 + 2, 18), v), _mul16(_q4_0_d2(w, o0), e))
         a1 = _fma16(a1, _vpdpbusd512(i, _nib2(w, o1 + 2, 18), v), _mul16(_q4_0_d2(w, o1), e))
         a2 = _fma16(a2, _vpdpbusd512(i, _nib2(w, o2 + 2, 18), v), _mul16(_q4_0_d2(w, o2), e))
@@ -292,6 +305,7 @@ def rows4_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
     a0 = a1 = a2 = a3 = _zero16()
     p0 = p1 = p2 = p3 = _zero16()
     z = _zero_i16()
+    hi = _hi16()
     for b in range(0, nb - 1, 2):
         o0 = wo + b * 20
         o1 = o0 + wrs
@@ -299,7 +313,8 @@ def rows4_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         o3 = o2 + wrs
         prefetch_next_quad(w, wo, wrs, 160, b >> 1)
         y = yo + b * 32
-        v, e, s = _load_i8x64(yq, y), _f32x2(yd, y >> 5, np.float32(1.0)), _f32x2(ys, y >> 5, np.float32(0.125))
+        v, e = _load_i8x64(yq, y), _mul16(_f32x2(yd, y >> 5, np.float32(1.0)), hi)
+        s = _f32x2(ys, y >> 5, np.float32(0.125))
         a0 = _fma16(a0, _vpdpbusd512(z, _nib2(w, o0 + 4, 20), v), _mul16(_q4_1_d2(w, o0), e))
         a1 = _fma16(a1, _vpdpbusd512(z, _nib2(w, o1 + 4, 20), v), _mul16(_q4_1_d2(w, o1), e))
         a2 = _fma16(a2, _vpdpbusd512(z, _nib2(w, o2 + 4, 20), v), _mul16(_q4_1_d2(w, o2), e))
