@@ -5,7 +5,9 @@ dequantize + numpy matmul, all measured in the same run; plus cold/warm kernel s
     python benchmarks/cpu_mul_mat.py --quick         # 4096x4096 only
     GGX_CPU_ISA=avx2 python benchmarks/cpu_mul_mat.py --no-startup
 
-gemv: weights cycle over enough copies (>= 512 MiB) that each call reads them from DRAM.
+gemv: weights cycle over enough copies (>= 512 MiB) that each call reads them from DRAM; the
+read bandwidth (a plain vector sum) is measured over that same memory right after each of 5
+gemv rounds, and the median ratio printed.
 gemm: 512 activation columns; the baseline dequantizes the weights (gguf's numpy
 dequantize, or astype for F16) and multiplies with numpy (OpenBLAS) at the same thread count;
 OpenBLAS is limited to 1 thread around numba calls so its spinning workers do not slow them.
@@ -59,13 +61,13 @@ def _read_sum(a, nchunks):
     return out.sum()
 
 
-def read_bandwidth(n_threads: int, nbytes: int = 1 << 30) -> float:
-    """GB/s of a read-only sum over `nbytes` (numba, n_threads)."""
-    a = np.ones(nbytes // 4, np.float32)
+def read_bandwidth(n_threads: int, a: np.ndarray, reps: int = 5) -> float:
+    """GB/s of a read-only sum over the float32 array `a` (numba, n_threads), best of `reps`."""
+    nbytes = a.nbytes
     numba.set_num_threads(n_threads)
     _read_sum(a, 64)
     ts = []
-    for _ in range(5):
+    for _ in range(reps):
         t0 = time.perf_counter()
         _read_sum(a, 64)
         ts.append(time.perf_counter() - t0)
@@ -113,14 +115,26 @@ def time_calls(fn, reps: int) -> float:
     return statistics.median(ts)
 
 
-def bench_gemv(gtype, m, k, n_threads, rng):
+def bench_gemv(gtype, m, k, n_threads, rng, rounds: int = 5) -> tuple[float, float, float]:
+    """(gemv GB/s, read bandwidth GB/s, gemv / bandwidth): medians over `rounds` rounds, each
+    timing the gemv and then the read bandwidth *of the same memory* (the buffer holding the
+    weight copies). Both see the same machine and memory state: on this virtual machine the
+    read bandwidth of a region moves between ~34 GB/s (freshly allocated) and ~60 GB/s (read
+    many times), and from minute to minute."""
     one = k // gtype.block_size * gtype.type_size * m
     copies = max(2, CACHE_DEFEAT_BYTES // one)
     ws, b, nodes, _ = build(gtype, m, k, 1, copies, rng)
+    data = ws[0].data_buffer.data
+    weights_f32 = data[: data.size // 4 * 4].view(np.float32)
     launches = [matmul.mul_mat(node, n_threads) for node in nodes]  # bound once, as graph_compute does
     launches[0]()  # warm
-    t = time_calls(lambda i: launches[i % copies](), max(3 * copies, 30))
-    return one / t / 1e9, t
+    gemv, bw = [], []
+    for _ in range(rounds):
+        t = time_calls(lambda i: launches[i % copies](), max(2 * copies, 20))
+        gemv.append(one / t / 1e9)
+        bw.append(read_bandwidth(n_threads, weights_f32, reps=3))
+    ratio = [g / w for g, w in zip(gemv, bw)]
+    return statistics.median(gemv), statistics.median(bw), statistics.median(ratio)
 
 
 def dequant(gtype: GType, raw: np.ndarray, m: int, k: int) -> np.ndarray:
@@ -201,15 +215,15 @@ def main() -> None:
         print("start-up, ISA", isa.active())
         startup()
     for nt in threads:
-        bw = read_bandwidth(nt)
-        print(f"\n== {nt} thread(s): measured read bandwidth {bw:.1f} GB/s")
-        print(f"{'type':6s} {'M x K':>12s} {'gemv GB/s':>10s} {'% of bw':>8s} {'gemm GOPS':>10s} "
-              f"{'deq+np':>8s} {'ratio':>6s} {'nmse':>8s}")
+        print(f"\n== {nt} thread(s); gemv: medians of 5 rounds of (gemv, read bandwidth), % = median of "
+              f"the rounds' ratios")
+        print(f"{'type':6s} {'M x K':>12s} {'gemv GB/s':>10s} {'read GB/s':>10s} {'% of bw':>8s} "
+              f"{'gemm GOPS':>10s} {'deq+np':>8s} {'ratio':>6s} {'nmse':>8s}")
         for gt in TYPES:
             for m, k in shapes:
-                gbs, _ = bench_gemv(gt, m, k, nt, rng)
+                gbs, bw, ratio = bench_gemv(gt, m, k, nt, rng)
                 g, base, err = bench_gemm(gt, m, k, 512, nt, rng)
-                print(f"{gt.name:6s} {f'{m}x{k}':>12s} {gbs:10.1f} {100 * gbs / bw:7.0f}% {g:10.1f} "
+                print(f"{gt.name:6s} {f'{m}x{k}':>12s} {gbs:10.1f} {bw:10.1f} {100 * ratio:7.0f}% {g:10.1f} "
                       f"{base:8.1f} {g / base:5.2f}x {err:8.1e}", flush=True)
     print(f"\nnumba threading layer: {numba.threading_layer()}")
 
