@@ -4,14 +4,17 @@ Quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): the F32 activations are quanti
 call to the weight type's vec_dot_type (`quantize_act`), then every dot product runs on
 integers in the ISA variant `ggx_cpu.isa` selected (AVX-512 VNNI, AVX2 or portable). Float
 weights (F32, F16, BF16): activations are rounded once to the weight's type (ggml's F16/BF16
-vec_dot_type) and dotted in float32 with per-lane accumulators.
+vec_dot_type) and dotted in float32 (`matmul_float.float_mm`, which picks its own row blocks).
 
 Both ops run through one parallel region (numba prange) over tasks = (group, 4-row tile):
 a *group* is one weight matrix and the list of activation columns it multiplies. MUL_MAT has
 one group per (i2, i3) batch (weights broadcast over b's dims 2/3); MUL_MAT_ID has one group
 per expert that some token uses, so repeated experts share a pass over their weights and
 unused experts cost nothing. Inside a task, columns go 4 at a time through a 4x4 register tile
-(the gemm path); leftover columns, and a single column (the gemv path), use row dots.
+(the gemm path); leftover columns, and a single column (the gemv path), use row quads.
+
+`mul_mat` / `mul_mat_id` return a `Launch` (see `common`); the ISA variant is the one selected
+when the launch is made.
 
 Layouts passed to the kernels (everything is validated before any kernel runs):
   w     the weight tensor's whole host buffer: uint8 bytes (quantized) or a typed flat view
