@@ -77,9 +77,10 @@ MUL_MAT_TYPES = frozenset({GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q
 #: Ops cheaper than a second thread's wake-up (~3-9 us with numba's OpenMP pool on 2 cores)
 #: run on one thread when their result has fewer elements than this.
 SMALL_OP_ELEMENTS = 16384
-#: FLASH_ATTN_EXT runs on one thread below this many (query row, kv slot) pairs: one token over
-#: 256 slots with 9 heads (2304 pairs) is ~25 us of work, about what two threads cost to start.
-SMALL_FA_PAIRS = 4096
+#: FLASH_ATTN_EXT runs on one thread below this many (query row, kv slot) pairs. One decode token
+#: over 256 slots with 9 heads (2304 pairs, ~20 us of work) gains from two threads now that a
+#: launch costs ~1 us: decode 179 -> 188 tokens/s (SmolLM2, 2 threads, alternating runs).
+SMALL_FA_PAIRS = 1024
 _ALWAYS_THREADED = frozenset({Op.MUL_MAT, Op.MUL_MAT_ID})
 
 # The per-node path keys its sets and caches by id(op): Enum.__hash__ is a Python-level call
