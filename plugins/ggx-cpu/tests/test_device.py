@@ -147,8 +147,8 @@ def test_small_ops_run_on_one_thread(dev):
 
 
 def test_thread_count_follows_the_work(dev):
-    """SET_ROWS counts the rows it writes (not its destination, a whole KV cache); one token's
-    attention over a short cache runs on one thread, a batch's on all."""
+    """SET_ROWS counts the rows it writes (not its destination, a whole KV cache); attention
+    over a few cache slots runs on one thread, one token's over a 256-slot cache on all."""
     be = dev.init_backend(n_threads=2)
     ctx = ggx.Context()
     cache = ctx.tensor(GType.F16, (576, 4096))
@@ -156,9 +156,11 @@ def test_thread_count_follows_the_work(dev):
     many_rows = ctx.set_rows(cache, ctx.tensor(GType.F32, (576, 64)), ctx.tensor(GType.I64, (64,)))
     assert be.threads_for(one_row) == 1 and be.threads_for(many_rows) == 2
     k = ctx.tensor(GType.F16, (64, 256, 3))
+    short = ctx.tensor(GType.F16, (64, 32, 3))
+    tiny = ctx.flash_attn_ext(ctx.tensor(GType.F32, (64, 1, 9)), short, short, scale=0.125)
     decode = ctx.flash_attn_ext(ctx.tensor(GType.F32, (64, 1, 9)), k, k, scale=0.125)
     batch = ctx.flash_attn_ext(ctx.tensor(GType.F32, (64, 32, 9)), k, k, scale=0.125)
-    assert be.threads_for(decode) == 1 and be.threads_for(batch) == 2
+    assert be.threads_for(tiny) == 1 and be.threads_for(decode) == 2 and be.threads_for(batch) == 2
     assert dev.init_backend(n_threads=1).threads_for(batch) == 1
 
 
