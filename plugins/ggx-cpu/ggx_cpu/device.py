@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import operator
 import os
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -198,11 +199,12 @@ class PreparedGraph:
 
     Valid while the same graph is computed with the same thread count and every tensor it
     touches still has the storage it had (the scheduler re-places tensors when it re-plans).
-    Checking that is one C-level pass over the roots, ~40 ns a tensor.
+    Checking that is one C-level pass over the roots, ~40 ns a tensor. The graph is held
+    weakly: the backend forgets its launches (and the memory they reference) when it dies.
     """
 
     def __init__(self, backend: CpuBackend, graph: Graph):
-        self.graph = graph
+        self.graph = weakref.ref(graph)
         self.n_nodes = len(graph.nodes)
         self.n_threads = backend.n_threads
         roots: dict[int, Tensor] = {}
@@ -217,8 +219,14 @@ class PreparedGraph:
         self.launches = [f for f in launches if f is not None]
 
     def still_valid(self, backend: CpuBackend, graph: Graph) -> bool:
-        return (self.graph is graph and len(graph.nodes) == self.n_nodes and self.n_threads == backend.n_threads
+        return (self.graph() is graph and len(graph.nodes) == self.n_nodes and self.n_threads == backend.n_threads
                 and list(map(_storage, self.roots)) == self.storage)
+
+
+def _forget(prepared: dict[int, PreparedGraph], key: int, entry: PreparedGraph) -> None:
+    """A graph died: drop its launches (unless its id already belongs to a newer graph)."""
+    if prepared.get(key) is entry:
+        del prepared[key]
 
 
 # --- the contracts ------------------------------------------------------------------------------
@@ -280,6 +288,7 @@ class CpuBackend(Backend):
             if len(self.prepared) >= _MAX_PREPARED:
                 self.prepared.clear()
             prepared = self.prepared[id(graph)] = PreparedGraph(self, graph)
+            weakref.finalize(graph, _forget, self.prepared, id(graph), prepared)
         for f in prepared.launches:
             f()
 

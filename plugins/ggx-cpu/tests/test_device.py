@@ -1,4 +1,5 @@
 """The device layer: registration, identity, threads, supports_op, extra buffer types, laziness."""
+import gc
 import subprocess
 import sys
 
@@ -242,3 +243,16 @@ def test_graph_errors_before_any_kernel_runs(dev):
     with pytest.raises(GGXUnsupported, match="dst"):
         be.graph_compute(graph)
     assert not ggx.host.tensor_array(scaled).any()  # the scale kernel never ran
+
+
+def test_graph_launches_go_with_their_graph(dev):
+    """Launches reference the graph's memory: they are dropped when the graph is."""
+    graph, x, ids, y, out, _ = _placed_graph(dev)
+    be = dev.init_backend(n_threads=1)
+    _set(ids, np.array([0, 1], np.int32))
+    be.graph_compute(graph)
+    key = id(graph)
+    assert key in be.prepared
+    del graph
+    gc.collect()
+    assert key not in be.prepared
