@@ -280,16 +280,14 @@ def _mm_launch(a: Tensor, w, wg: np.ndarray, wrs: int, x: np.ndarray, cstart, yc
         return in_order(quantize, launch(_quant_mm, _isa.token(), QUANT_KINDS[a.type], w, wg, wrs, M,
                                          K // a.type.block_size, act.qs, act.d, act.s, act.s4, K, cstart, ycol,
                                          ocol, out, n_threads=n_threads))
-    y = x.reshape(-1)
-    mm = launch(float_mm, w, wg, wrs, M, y, K, cstart, ycol, ocol, out, n_threads=n_threads)
     if a.type is GType.F32:
-        return mm
+        return launch(float_mm, w, wg, wrs, M, x.reshape(-1), K, cstart, ycol, ocol, out, n_threads=n_threads)
     y = np.empty(x.size, np.float32)
     return in_order(functools.partial(_round_act, x.reshape(-1), a.type, y),
                     launch(float_mm, w, wg, wrs, M, y, K, cstart, ycol, ocol, out, n_threads=n_threads))
 
 
-def _through_copies(a: Tensor, b: Tensor, dst: Tensor, run) -> Launch:
+def _through_copies(b: Tensor, dst: Tensor, run) -> Launch:
     """The launch of a strided b or destination: each run copies b to contiguous rows, computes
     into a contiguous result and writes that through the destination's view (`run(x, out)`
     makes and runs the kernel's launch)."""
@@ -328,7 +326,7 @@ def mul_mat(node: Tensor, n_threads: int = 1) -> Launch:
     x, out = _b_rows(b), _out_rows(node, op)
     if x is not None and out is not None:
         return _mm_launch(a, w, wg, nb1, x, cstart, cols, cols, out, n_threads)
-    return _through_copies(a, b, node, lambda x, out: _mm_launch(a, w, wg, nb1, x, cstart, cols, cols, out,
+    return _through_copies(b, node, lambda x, out: _mm_launch(a, w, wg, nb1, x, cstart, cols, cols, out,
                                                                    n_threads)())
 
 
@@ -370,4 +368,4 @@ def mul_mat_id(node: Tensor, n_threads: int = 1) -> Launch:
     x, out = _b_rows(b), _out_rows(node, op)
     if x is not None and out is not None:
         return functools.partial(run, x, out)
-    return _through_copies(a, b, node, run)
+    return _through_copies(b, node, run)
