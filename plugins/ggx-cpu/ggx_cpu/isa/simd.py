@@ -53,15 +53,19 @@ def _llty(v: Vec) -> ir.VectorType:
     return ir.VectorType(_ELEM[v.kind], v.n)
 
 
-# --- the ISA token ----------------------------------------------------------------------------
-class IsaToken:
-    """A Python object naming an instruction set; numba types it as `IsaType(name)`."""
+# --- tokens: compile-time choices passed as arguments ------------------------------------------
+class Token:
+    """A Python object naming a compile-time choice; numba types it as `type_class(name)`, so a
+    kernel taking it compiles (and caches) one specialization per name, and `@overload`s pick
+    implementations by the type: the instruction set (`IsaToken`), a weight type (`KindToken`)."""
+
+    type_class: type = None  # set below for each token class
 
     def __init__(self, name: str):
         self.name = name
 
     def __repr__(self) -> str:
-        return f"IsaToken({self.name!r})"
+        return f"{type(self).__name__}({self.name!r})"
 
 
 class IsaType(types.Type):
@@ -70,21 +74,35 @@ class IsaType(types.Type):
         super().__init__(name=f"Isa({isa_name})")
 
 
-@typeof_impl.register(IsaToken)
+class KindType(types.Type):
+    def __init__(self, kind_name: str):
+        self.kind_name = kind_name
+        super().__init__(name=f"Kind({kind_name})")
+
+
+class IsaToken(Token):
+    type_class = IsaType
+
+
+class KindToken(Token):
+    type_class = KindType
+
+
+@typeof_impl.register(Token)
 def _typeof_token(val, c):
-    # memoized on the token: building a numba type costs ~2 us, and every kernel call types its token
+    # memoized on the token: building a numba type costs ~2 us
     t = val.__dict__.get("_nb_type")
     if t is None:
-        t = val._nb_type = IsaType(val.name)
+        t = val._nb_type = val.type_class(val.name)
     return t
 
 
-register_model(IsaType)(models.OpaqueModel)
+for _tt in (IsaType, KindType):
+    register_model(_tt)(models.OpaqueModel)
 
-
-@unbox(IsaType)
-def _unbox_token(typ, obj, c):
-    return NativeValue(c.context.get_dummy_value())
+    @unbox(_tt)
+    def _unbox_token(typ, obj, c):
+        return NativeValue(c.context.get_dummy_value())
 
 
 # --- loads ------------------------------------------------------------------------------------

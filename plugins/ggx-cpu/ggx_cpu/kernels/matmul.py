@@ -39,12 +39,14 @@ from ggx.tensor import Tensor
 from ggx.types import GType
 
 from .. import isa as _isa
-from ..isa.simd import IsaType
+from ..isa.simd import IsaType, KindToken
 from .common import Launch, in_order, launch, nothing
 from .matmul_float import float_mm
 from .quantize_act import act_launch
 
-QUANT_KINDS = {GType.Q4_0: 0, GType.Q4_1: 1, GType.Q8_0: 2, GType.Q4_K: 3, GType.Q6_K: 4}
+#: quantized weight type -> its kind token (kernels compile one specialization per kind)
+QUANT_KINDS = {t: KindToken(t.name.lower().replace("_k", "_K")) for t in (GType.Q4_0, GType.Q4_1, GType.Q8_0,
+                                                                        GType.Q4_K, GType.Q6_K)}
 FLOAT_TYPES = (GType.F32, GType.F16, GType.BF16)
 SUPPORTED = tuple(QUANT_KINDS) + FLOAT_TYPES
 TILE = 4
@@ -70,109 +72,57 @@ def _impl(isa, name):
     return _vector_impl(isa, name) or getattr(portable, name)
 
 
-def _dot_stub(name):
-    def stub(isa, w, wo, nb, yq, yd, ys, ys4, yo):
-        raise NotImplementedError
-
-    @overload(stub)
-    def _ol(isa, w, wo, nb, yq, yd, ys, ys4, yo):
-        f = _impl(isa, name)
-        return lambda isa, w, wo, nb, yq, yd, ys, ys4, yo: f(isa, w, wo, nb, yq, yd, ys, ys4, yo)
-
-    return stub
+# --- the weight type is a token too: each type compiles its own kernel, holding only its code ---
+def _qdot(isa, kind, w, wo, nb, yq, yd, ys, ys4, yo):
+    """One row dot (dot_<kind>), by the isa and kind tokens' types."""
+    raise NotImplementedError
 
 
-def _tile_stub(name):
-    def stub(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
-        raise NotImplementedError
-
-    @overload(stub)
-    def _ol(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
-        f = _impl(isa, name)
-        return lambda isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3: f(
-            isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
-
-    return stub
+def _qtile(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
+    """A 4x4 tile (tile_<kind>)."""
+    raise NotImplementedError
 
 
-def _rows4_stub(name, dot):
-    """4 rows x 1 column: the ISA module's own `rows4_*` (AVX-512 VNNI: 512-bit), else the vector
-    modules' `rows4_*`, else 4 row dots (portable, or no row quad written)."""
-    def stub(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
-        raise NotImplementedError
+def _qrows4(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+    """A row quad (rows4_<kind>): the ISA module's own (AVX-512 VNNI: 512-bit), else the vector
+    modules', else 4 row dots (portable, or no row quad written)."""
+    raise NotImplementedError
 
-    @overload(stub)
-    def _ol(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
-        from ..isa import vector
 
-        f = _vector_impl(isa, name)
-        own = vector._isa_module(isa) if f is not None else None
-        if own is not None and hasattr(own, name):
-            f = getattr(own, name)
-        if f is not None:
-            return lambda isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo: f(
-                isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
+@overload(_qdot)
+def _ol_qdot(isa, kind, w, wo, nb, yq, yd, ys, ys4, yo):
+    f = _impl(isa, f"dot_{kind.kind_name}")
+    return lambda isa, kind, w, wo, nb, yq, yd, ys, ys4, yo: np.float32(f(isa, w, wo, nb, yq, yd, ys, ys4, yo))
 
-        def rows(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
-            for r in range(4):
-                out[oo + r] = np.float32(dot(isa, w, wo + r * wrs, nb, yq, yd, ys, ys4, yo))
-        return rows
 
-    return stub
+@overload(_qtile)
+def _ol_qtile(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
+    f = _impl(isa, f"tile_{kind.kind_name}")
+    return lambda isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3: f(
+        isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
+
+
+@overload(_qrows4)
+def _ol_qrows4(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+    from ..isa import vector
+
+    name = f"rows4_{kind.kind_name}"
+    f = _vector_impl(isa, name)
+    own = vector._isa_module(isa) if f is not None else None
+    if own is not None and hasattr(own, name):
+        f = getattr(own, name)
+    if f is not None:
+        return lambda isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo: f(
+            isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
+
+    def rows(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+        for r in range(4):
+            out[oo + r] = _qdot(isa, kind, w, wo + r * wrs, nb, yq, yd, ys, ys4, yo)
+    return rows
 
 
 def _is_vector(isa) -> bool:
     return isinstance(isa, IsaType) and isa.isa_name != "portable"
-
-
-_dot_q4_0, _dot_q4_1, _dot_q8_0 = _dot_stub("dot_q4_0"), _dot_stub("dot_q4_1"), _dot_stub("dot_q8_0")
-_dot_q4_K, _dot_q6_K = _dot_stub("dot_q4_K"), _dot_stub("dot_q6_K")
-_tile_q4_0, _tile_q4_1, _tile_q8_0 = _tile_stub("tile_q4_0"), _tile_stub("tile_q4_1"), _tile_stub("tile_q8_0")
-_tile_q4_K, _tile_q6_K = _tile_stub("tile_q4_K"), _tile_stub("tile_q6_K")
-_rows4_q4_0, _rows4_q4_1 = _rows4_stub("rows4_q4_0", _dot_q4_0), _rows4_stub("rows4_q4_1", _dot_q4_1)
-_rows4_q8_0, _rows4_q4_K = _rows4_stub("rows4_q8_0", _dot_q8_0), _rows4_stub("rows4_q4_K", _dot_q4_K)
-_rows4_q6_K = _rows4_stub("rows4_q6_K", _dot_q6_K)
-
-
-@njit(cache=True)
-def _qdot(isa, kind, w, wo, nb, yq, yd, ys, ys4, yo):
-    if kind == 0:
-        return np.float32(_dot_q4_0(isa, w, wo, nb, yq, yd, ys, ys4, yo))
-    if kind == 1:
-        return np.float32(_dot_q4_1(isa, w, wo, nb, yq, yd, ys, ys4, yo))
-    if kind == 2:
-        return np.float32(_dot_q8_0(isa, w, wo, nb, yq, yd, ys, ys4, yo))
-    if kind == 3:
-        return np.float32(_dot_q4_K(isa, w, wo, nb, yq, yd, ys, ys4, yo))
-    return np.float32(_dot_q6_K(isa, w, wo, nb, yq, yd, ys, ys4, yo))
-
-
-@njit(cache=True)
-def _qtile(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
-    if kind == 0:
-        _tile_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
-    elif kind == 1:
-        _tile_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
-    elif kind == 2:
-        _tile_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
-    elif kind == 3:
-        _tile_q4_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
-    else:
-        _tile_q6_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
-
-
-@njit(cache=True)
-def _qrows4(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
-    if kind == 0:
-        _rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
-    elif kind == 1:
-        _rows4_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
-    elif kind == 2:
-        _rows4_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
-    elif kind == 3:
-        _rows4_q4_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
-    else:
-        _rows4_q6_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
 
 
 @njit(cache=True, parallel=True)
