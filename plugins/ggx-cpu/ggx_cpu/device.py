@@ -8,9 +8,10 @@ and answering supports_op stay cheap.
 - supports_op: an op whose src[0] lives in an extra buffer type (repack, AMX) is that buffer
   type's to answer; otherwise every source must be host memory and the op/type pair must be
   one the kernels take.
-- graph_compute runs the nodes in order (view ops skipped): an op whose src[0] lives in an extra
-  buffer type goes to that type's compute_forward first, else to the dispatch table's kernel.
-  Each kernel is one numba parallel region over rows, run on n_threads threads.
+- graph_compute binds every node's launch (view ops skipped) before running any, and keeps the
+  launches of a graph computed again: an op whose src[0] lives in an extra buffer type goes to
+  that type's prepare_forward (or compute_forward at run time), else to the dispatch table's
+  kernel. Each kernel is one numba call, a parallel region when it runs on n_threads > 1.
 """
 from __future__ import annotations
 

@@ -249,11 +249,21 @@ def _nothing() -> None:
 
 
 def _launch(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> Launch:
-    """A MUL_MAT over contiguous activations and destination binds the kernel's compiled entry
-    (its columns do not depend on data); MUL_MAT_ID (columns grouped by the ids' values) and
-    strided tensors go through `_run` every time."""
+    """A MUL_MAT over contiguous activations and destination binds the kernel once (its columns
+    do not depend on data); MUL_MAT_ID (columns grouped by the ids' values) and strided
+    tensors go through `_run` every time."""
     if op.op is not Op.MUL_MAT:
         return functools.partial(_run, op, lay, w, n_threads)
+    K, M = op.src[0].ne[0], op.src[0].ne[1]
+    x, rows = _f32_rows(op.src[1], K), _f32_rows(op, M)
+    if x is None or rows is None:
+        return functools.partial(_run, op, lay, w, n_threads)
+    return _bind(op, lay, w, x, rows.reshape(-1), n_threads)
+
+
+def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray, n_threads: int) -> Launch:
+    """`kernels.repack_mm` bound to its compiled entry point: one compiled call that quantizes
+    the activations x [n, K], then runs the parallel kernel over (matrix, row group) into out."""
     import numba
 
     from ggx_cpu import isa
@@ -261,38 +271,26 @@ def _launch(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> Launch:
 
     from .kernels import repack_mm
 
-    a, b = op.src[0], op.src[1]
-    K, M = a.ne[0], a.ne[1]
-    x, rows = _f32_rows(b, K), _f32_rows(op, M)
-    if x is None or rows is None:
-        return functools.partial(_run, op, lay, w, n_threads)
+    K, M = op.src[0].ne[0], op.src[0].ne[1]
     wg, cstart, ycol, ocol = _columns(op, lay)
     n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
     return launch(repack_mm, isa.token(), lay, w, wg, lay.group_bytes, K // lay.block_size, K, M,
-                  x, cstart, ycol, ocol, _lane_rows(lay), rows.reshape(-1), n, n_threads=n)
+                  x, cstart, ycol, ocol, _lane_rows(lay), out, n, n_threads=n)
 
 
 def _run(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> None:
-    """One compiled call: quantize the activations, then the parallel kernel over (matrix, row group)."""
-    from ggx_cpu import isa
-
-    from .kernels import call_repack_mm, set_threads
-
-    a, b = op.src[0], op.src[1]
-    K, M = a.ne[0], a.ne[1]
-    wg, cstart, ycol, ocol = _columns(op, lay)
-    n = set_threads(n_threads)
+    """The launch of a data-dependent or strided matmul, made and run now: strided b is copied
+    to contiguous rows, a strided destination computed into a copy and written through."""
+    b = op.src[1]
+    K, M = op.src[0].ne[0], op.src[0].ne[1]
     x = _f32_rows(b, K)
     if x is None:  # strided b: one copy
         x = np.ascontiguousarray(tensor_array(b), dtype=np.float32).reshape(-1, K)
     rows = _f32_rows(op, M)
-    view = None
     if rows is not None:
-        out = rows.reshape(-1)
-    else:  # strided destination: compute into a copy, then write it through the view
-        view = tensor_array(op)
-        out = np.empty(view.size, np.float32)
-    call_repack_mm(isa.token(), lay, w, wg, lay.group_bytes, K // lay.block_size, K, M,
-                   x, cstart, ycol, ocol, _lane_rows(lay), out, n)
-    if view is not None:
-        view[...] = out.reshape(view.shape)
+        _bind(op, lay, w, x, rows.reshape(-1), n_threads)()
+        return
+    view = tensor_array(op)
+    out = np.empty(view.size, np.float32)
+    _bind(op, lay, w, x, out, n_threads)()
+    view[...] = out.reshape(view.shape)

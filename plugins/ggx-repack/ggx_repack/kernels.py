@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -750,39 +749,4 @@ def repack_mm(isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, o
                 c += nt
 
 
-_ENTRIES: dict[tuple, object] = {}
-
-
-def call_repack_mm(isa, lay, w, wg, gbytes: int, nbk: int, K: int, M: int, x, cstart, ycol, ocol, rows, out,
-                   nthreads: int) -> None:
-    """repack_mm(...) without numba's per-call typing of the two tokens (~5 us of a ~20 us gemv).
-
-    The first call for a (variant, layout, array flags) key goes through the dispatcher (which
-    compiles or loads the cached kernel); later ones call that compiled entry point directly.
-    The caller (buffer._run) guarantees what the skipped typing would check: w uint8, x
-    float32 [n, K], out float32, rows / wg / cstart / ycol / ocol int64, all 1-D C-contiguous
-    but x (2-D C-contiguous); x's and out's dtype and ndim and the flags numba types on
-    (writeable, aligned) are in the key, so a caller's slip recompiles or fails typing
-    instead of unboxing an array as the wrong type.
-    """
-    args = (isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, out, nthreads)
-    key = (isa.name, lay, w.flags.writeable, x.flags.writeable, x.flags.aligned, out.flags.aligned, x.ndim, out.ndim,
-           x.dtype.num, out.dtype.num)
-    entry = _ENTRIES.get(key)
-    if entry is not None:
-        entry(*args)
-        return
-    repack_mm(*args)
-    cres = repack_mm.overloads.get(tuple(numba.typeof(a) for a in args))
-    if cres is not None:
-        _ENTRIES[key] = cres.entry_point
-
-
-def set_threads(n_threads: int) -> int:
-    """Use min(n_threads, numba's pool size) threads for the next kernels; returns it."""
-    n = max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
-    numba.set_num_threads(n)
-    return n
-
-
-__all__ = ["repack_mm", "call_repack_mm", "lane_rows", "set_threads", "LayoutType", "TILE"]
+__all__ = ["repack_mm", "lane_rows", "LayoutType", "TILE"]
