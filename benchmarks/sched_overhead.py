@@ -122,7 +122,9 @@ def measure(name: str, make_backends, n_layer: int = 21, reps: int = 200) -> dic
     sched = Scheduler(backends)
     first, first_be, _ = _timed(lambda: sched.graph_compute(graph), 1)
     sched.graph_compute(graph)  # warm
+    waits = sched.stats.n_realloc_waits
     reused, reused_be, calls = _timed(lambda: sched.graph_compute(graph), reps)
+    assert sched.stats.n_realloc_waits == waits, "a reused plan in buffers that fit must not wait for the backends"
     # a rebuilt graph of the same shape (new Tensor objects, same key): the decode-loop case
     rebuilt = []
     for _ in range(20):

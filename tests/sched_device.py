@@ -2,9 +2,12 @@
 
 - `TestBufferType` / `TestBuffer`: private byte storage (is_host False), reachable only through
   set_tensor / get_tensor: nothing can numpy-view it, so every host<->device move is explicit.
+  `free()` releases it: any later access (by the host or by queued work) raises GGXUnsupported,
+  so a use after free is detected, not silent.
 - `TestBackend`: one worker thread runs the queued work in order, so `graph_compute`,
   `set_tensor_async` and `cpy_tensor_async` return before the work is done; `synchronize`
-  waits and re-raises a failure of the worker. Events are `threading.Event`s set by the worker.
+  waits and re-raises a failure of the worker. Events are set by the worker when it reaches
+  them. `hold()` stops the stream until released, so tests can keep work in flight.
 - `TestDevice(ops=...)`: supports only the given ops; computes each node by copying its inputs
   into host tensors and running the reference backend's per-op code (`ggx.reference.ops`).
   `noop=True` makes every kernel do nothing (for measuring scheduler overhead);
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -37,8 +41,19 @@ class TestBuffer(Buffer):
 
     def __init__(self, buft: TestBufferType, size: int):
         super().__init__(buft, size)
-        self._mem = bytearray(size)
+        self._mem: bytearray | None = bytearray(size)
         self._lock = threading.Lock()
+
+    def free(self) -> None:
+        with self._lock:
+            self._mem = None
+        super().free()
+
+    def _memory(self) -> bytearray:
+        mem = self._mem
+        if mem is None:
+            raise GGXUnsupported(f"{self.buft.name}: this {self.size}-byte buffer was used after it was freed")
+        return mem
 
     def _span(self, t: Tensor, offset: int, size: int) -> int:
         start = t.data_offset + offset
@@ -48,11 +63,11 @@ class TestBuffer(Buffer):
 
     def write(self, start: int, data: np.ndarray) -> None:
         with self._lock:
-            self._mem[start:start + data.size] = data.tobytes()
+            self._memory()[start:start + data.size] = data.tobytes()
 
     def read(self, start: int, size: int) -> np.ndarray:
         with self._lock:
-            return np.frombuffer(bytes(self._mem[start:start + size]), dtype=np.uint8).copy()
+            return np.frombuffer(bytes(self._memory()[start:start + size]), dtype=np.uint8).copy()
 
     def set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
         data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
@@ -70,7 +85,7 @@ class TestBuffer(Buffer):
 
     def clear(self, value: int = 0) -> None:
         with self._lock:
-            self._mem[:] = bytes([value]) * self.size
+            self._memory()[:] = bytes([value]) * self.size
 
 
 class TestBufferType(BufferType):
@@ -213,6 +228,18 @@ class TestBackend(Backend):
         self.n_jobs += 1
         self._q.put((fn, essential))
 
+    def hold(self, timeout: float = 30.0) -> threading.Event:
+        """Stop the stream here: work queued from now on stays in flight until the returned event is
+        set. After `timeout` seconds the stream goes on and fails (a test forgot to release it)."""
+        gate = threading.Event()
+
+        def wait() -> None:
+            t0 = time.perf_counter()
+            if not gate.wait(timeout):
+                raise GGXUnsupported(f"{self.name}: stream held for more than {time.perf_counter() - t0:.0f} s")
+        self.enqueue(wait, essential=True)
+        return gate
+
     def synchronize(self) -> None:
         self._q.join()
         if self._error is not None:
@@ -285,12 +312,12 @@ class TestBackend(Backend):
                           name=node.name, ndim=node.ndim)
             _place(staging, hdst, dbuf.read(doff, node.nbytes))
             compute_forward(hdst)
-            dbuf.write(doff, hdst.buffer.data[:node.nbytes])
+            dbuf.write(doff, hdst.buffer.host_view()[:node.nbytes])
 
 
 def _place(buft: HostBufferType, t: Tensor, raw: np.ndarray) -> Tensor:
     buf = HostBuffer(buft, max(t.nbytes, 1))
-    buf.data[:t.nbytes] = raw
+    buf.host_view()[:t.nbytes] = raw
     t.buffer, t.offset = buf, 0
     return t
 
@@ -333,7 +360,7 @@ class NoopHostBackend(Backend):
 def alloc_weights(buft: BufferType, tensors: list[Tensor], rng: np.random.Generator | None = None) -> Buffer:
     """Place `tensors` back to back in one WEIGHTS buffer of `buft` and fill them with small values."""
     from ggx.alloc import alloc_tensors
-    from ggx.compute import to_raw
+    from ggx.tensor_data import to_raw
 
     buf = alloc_tensors(buft, tensors, BufferUsage.WEIGHTS)
     if rng is not None:

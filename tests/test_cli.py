@@ -1,15 +1,18 @@
-"""The `ggx` command through `main([...])`: --version, `ggx devices` tables and --json, errors."""
+"""The `ggx` command through `main([...])`: --version, `ggx devices` tables and --json, how every failure
+ends (one `error:` line and its status), option checks, the compile notice."""
 from __future__ import annotations
 
+import io
 import json
 import sys
+import time
 import types
 
 import importlib_metadata
 import pytest
 
 import ggx
-from ggx import cli, registry
+from ggx import cli, progress, registry
 from ggx.backend import BackendReg, Device, DeviceType, ExtraBufferType
 from ggx.errors import GGXPluginError
 from ggx.hookspecs import hookimpl
@@ -74,8 +77,8 @@ class FakeExtra(ExtraBufferType):
     def supports_op(self, op):
         return False
 
-    def compute_forward(self, op, n_threads=1):
-        return False
+    def prepare_forward(self, op, n_threads=1):
+        return None
 
 
 class ExtraPlugin:
@@ -184,3 +187,164 @@ def test_usage_errors_exit_2(capsys):
 def test_console_script_is_declared():
     (ep,) = importlib_metadata.entry_points(group="console_scripts", name="ggx")
     assert ep.value == "ggx.cli:main" and ep.load() is cli.main
+
+
+def test_devices_reads_well_at_80_columns(capsys, monkeypatch):
+    """At 80 columns no line is wider, and nothing is cut off: long descriptions, feature values
+    and failure reasons wrap; only long feature lists are summarized (--json has them whole)."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from ggx.commands import devices
+
+    long_desc = "Vendor Accelerator 9000 with a long marketing name (rev B2, 128 compute units, HBM3e)"
+    features = {"driver": "vendor-driver 555.42.06 built 2025-01-01 with every option switched on",
+                "isa": [f"feature{i}" for i in range(40)]}
+    dev = FakeDevice("taccel_with_a_long_name0", DeviceType.ACCEL)
+    dev.description = long_desc
+    registry.register(FakeReg("tlongreg", [dev], features=features))
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main(["devices"]) == 0
+    via_cli = capsys.readouterr().out
+    buf = io.StringIO()
+    devices.render(devices.collect(), False, Console(file=buf, width=80, highlight=False))
+    for out in (via_cli, buf.getvalue()):
+        lines = out.splitlines()
+        assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+        assert "…" not in out
+        words = " ".join(re.sub(r"[│┃]", " ", out).split())
+        for text in [long_desc, "driver=vendor-driver 555.42.06 built 2025-01-01 with every option switched on",
+                     "isa=[40 items]", "taccel_with_a_long_name0", "TAMX, TREPACK", "ISA=avx512_vnni",
+                     "tgpu0_pinned (host)", "3.0 / 4.0 GiB free / total", "clibroken", "ggx-t-clibroken",
+                     "libbar.so: cannot open"]:
+            assert text in words, text
+    assert via_cli.index("taccel_with_a_long_name0") < via_cli.index("tcpu0")  # accelerators first
+
+
+def _command(monkeypatch, func, name: str = "boom") -> None:
+    """Install a subcommand `name` running `func(args)`."""
+    mod = types.ModuleType(f"ggx.commands.{name}")
+    mod.add_parser = lambda sub: sub.add_parser(name).set_defaults(func=func)
+    monkeypatch.setitem(sys.modules, f"ggx.commands.{name}", mod)
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, name))
+
+
+def _raise(exc):
+    def func(args):
+        raise exc
+    return func
+
+
+def test_an_unexpected_exception_is_one_error_line_with_a_hint(capsys, monkeypatch):
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    _command(monkeypatch, _raise(ZeroDivisionError("division by zero")))
+    assert cli.main(["boom"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: unexpected ZeroDivisionError: division by zero")
+    assert "--debug" in err and cli.DEBUG_ENV in err and "report" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("how", [["--debug", "boom"], ["boom", "--debug"], ["boom"]])
+def test_debug_prints_the_traceback_first(capsys, monkeypatch, how):
+    if how == ["boom"]:
+        monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    else:
+        monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    _command(monkeypatch, _raise(KeyError("nope")))
+    assert cli.main(how) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "KeyError" in err
+    assert err.strip().splitlines()[-1].startswith("error: unexpected KeyError")
+
+
+def test_os_error_interrupt_and_broken_pipe(capsys, monkeypatch):
+    _command(monkeypatch, _raise(FileNotFoundError(2, "No such file or directory", "missing/x.dot")))
+    assert cli.main(["boom"]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err == "error: missing/x.dot: No such file or directory\n"
+
+    _command(monkeypatch, _raise(KeyboardInterrupt()), "stop")
+    assert cli.main(["stop"]) == cli.EXIT_INTERRUPTED == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+    _command(monkeypatch, _raise(BrokenPipeError(32, "Broken pipe")), "pipe")
+    assert cli.main(["pipe"]) == cli.EXIT_BROKEN_PIPE
+    assert capsys.readouterr().err == ""
+
+
+def test_stdout_escapes_what_its_encoding_cannot_take(monkeypatch):
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="latin-1"))
+    _command(monkeypatch, lambda args: print("wrote \udcff.dot \u2192 ok"))
+    assert cli.main(["boom"]) == 0
+    sys.stdout.flush()
+    assert raw.getvalue() == b"wrote \\udcff.dot \\u2192 ok\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--temp", "nan"], "argument --temp: must be a finite number"),
+    (["run", "--temp", "inf"], "argument --temp: must be a finite number"),
+    (["run", "--temp", "-0.5"], "argument --temp: must be in [0, inf)"),
+    (["run", "-t", "0"], "argument -t/--threads: must be at least 1, got 0"),
+    (["run", "-t", "-3"], "argument -t/--threads: must be at least 1, got -3"),
+    (["run", "-t", "two"], "argument -t/--threads: expected an integer"),
+    (["run", "-c", "0"], "argument -c/--ctx-size: must be at least 1, got 0"),
+    (["run", "-n", "-5"], "argument -n/--n-predict: must be at least -1 (-1: until the context is full), got -5"),
+    (["run", "--top-k", "-1"], "argument --top-k: must be at least 0"),
+    (["run", "--top-p", "1.5"], "argument --top-p: must be in [0, 1]"),
+    (["run", "--top-p", "nan"], "argument --top-p: must be a finite number"),
+    (["run", "--seed", "-1"], "argument --seed: must be at least 0"),
+    (["run", "-p", "caf\udcc3("], "argument -p/--prompt: is not valid UTF-8 (byte 0xc3 at byte 3)"),
+    (["bench", "-t", "0"], "argument -t/--threads: every value must be at least 1, got 0"),
+    (["bench", "-t", "1,x"], "argument -t/--threads: expected comma-separated integers"),
+    (["bench", "-p", "-1"], "argument -p/--n-prompt: every value must be at least 0"),
+    (["bench", "-r", "0"], "argument -r/--repetitions: must be at least 1"),
+    (["compile", "-t", "0"], "argument -t/--threads: every value must be at least 1"),
+    (["graph", "--layers", "0"], "argument --layers: must be at least 1"),
+    (["graph", "--tokens", "-2"], "argument --tokens: must be at least 1"),
+    (["graph", "-o", "missing-dir/x.dot"], "argument -o/--output: directory missing-dir does not exist"),
+    (["test-ops", "--min-time", "0"], "argument --min-time: must be in (0, inf)"),
+    (["test-ops", "--min-time", "nan"], "argument --min-time: must be a finite number"),
+    (["new-plugin", "mydev", "--dir", "missing-dir"], "argument --dir: directory missing-dir does not exist"),
+])
+def test_bad_option_values_are_usage_errors(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"ggx {argv[0]}: error: {message}" or (err[-1].startswith(f"ggx {argv[0]}: error: {message}"))
+    assert not any("Traceback" in line for line in err)
+
+
+def test_output_into_a_directory_is_refused(capsys, tmp_path):
+    assert cli.main(["graph", "-o", str(tmp_path)]) == cli.EXIT_USAGE
+    assert "is a directory; give a file name" in capsys.readouterr().err
+
+
+def test_compile_notice_waits_then_says_it_once():
+    out = io.StringIO()
+    notice = cli.CompileNotice(out, delay=0.05)
+    previous = progress.set_listener(notice)
+    try:
+        with progress.compiling("CPU kernels for avx2"):
+            pass  # a cache load: over before the delay, nothing said
+        assert out.getvalue() == ""
+        with progress.compiling("CPU kernels for avx2"):
+            time.sleep(0.2)
+        with progress.compiling("CPU kernels for avx2"):
+            time.sleep(0.1)
+    finally:
+        progress.set_listener(previous)
+    assert out.getvalue() == "compiling CPU kernels for avx2, first run only\n"
+    assert notice.seconds >= 0.3
+
+
+def test_main_installs_the_notice_only_while_a_command_runs(monkeypatch):
+    seen = []
+    _command(monkeypatch, lambda args: seen.append(progress.set_listener(None)))
+    before = progress.set_listener(None)
+    progress.set_listener(before)
+    assert cli.main(["boom"]) == 0
+    assert isinstance(seen[0], cli.CompileNotice)
+    assert progress.set_listener(before) is before

@@ -159,3 +159,11 @@ def test_build_graph_deep_chain_no_recursion_limit():
     for _ in range(5000):
         t = c.scale(t, 1.0)
     assert len(build_graph(t).nodes) == 5000
+
+
+@pytest.mark.parametrize("eps", [-1e-6, float("nan"), float("inf"), "x"])
+@pytest.mark.parametrize("op", ["rms_norm", "norm"])
+def test_norm_eps_must_be_finite_and_non_negative(ctx, op, eps):
+    a = ctx.tensor(GType.F32, (8, 2))
+    with pytest.raises(GGXShapeError, match="eps"):
+        getattr(ctx, op)(a, eps)

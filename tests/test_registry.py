@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ggx import registry
-from ggx.backend import API_VERSION, DeviceType
+from ggx.backend import API_VERSION, BackendReg, DeviceType
 from ggx.errors import GGXPluginError
 from ggx.hookspecs import hookimpl
 
@@ -78,8 +78,8 @@ class FakeExtra(ExtraBufferType):
     def supports_op(self, op):
         return False
 
-    def compute_forward(self, op, n_threads=1):
-        return False
+    def prepare_forward(self, op, n_threads=1):
+        return None
 """
 
 HEADER = "from ggx.hookspecs import hookimpl\nfrom ggx_t_fakes import *\n"
@@ -185,7 +185,8 @@ def test_good_plugin_loads_through_its_entry_point():
     assert info.reg is not None and info.reg.name == "good"
     assert info.reg in registry.backend_regs()
     dev = registry.get_device("GOOD_CPU")  # case-insensitive
-    assert dev.name == "good_cpu" and dev.reg is info.reg
+    assert dev.name == "good_cpu" and registry.reg_of(dev) is info.reg
+    assert dev.reg is None  # the registry keeps its own mapping: plugin objects are not modified
     amx = by_name(registry.plugins(), "amx")
     assert amx.status == "loaded" and amx.reg is None  # extra-buffer-type-only plugin
 
@@ -337,11 +338,38 @@ def test_extra_buffer_types_in_priority_order():
     # ascending priority; ties keep plugin order (in-process before entry points)
     assert names(registry.extra_buffer_types(cpu)) == ["AMX", "MID", "LATE", "REPACK"]
     assert names(registry.extra_buffer_types(gpu)) == ["MID", "LATE"]
-    # the core answers the dev_get_extra_bufts capability of every reg
-    get = cpu.reg.get_proc_address("dev_get_extra_bufts")
-    assert names(get(cpu)) == ["AMX", "MID", "LATE", "REPACK"]
-    assert cpu.reg.get_proc_address("get_features")() == {"ISA": "fake512"}
-    assert cpu.reg.get_proc_address("no_such_thing") is None
+    reg = registry.reg_of(cpu)
+    assert reg.get_proc_address("get_features")() == {"ISA": "fake512"}
+    assert reg.get_proc_address("no_such_thing") is None
+
+
+def test_dev_get_extra_bufts_default_answers_the_devices_own_list():
+    """BackendReg's default get_proc_address answers ggml's "dev_get_extra_bufts" with
+    `device.extra_buffer_types()`; the registry does not replace the reg's method."""
+    from ggx_t_fakes import FakeDevice, FakeExtra, FakeReg
+
+    class ExtraDevice(FakeDevice):
+        def extra_buffer_types(self):
+            return registry.extra_buffer_types(self)  # as the CPU device takes its list
+
+    class PlainReg(FakeReg):
+        def get_proc_address(self, name):
+            return super().get_proc_address(name) or BackendReg.get_proc_address(self, name)
+
+    class Mine:
+        @hookimpl
+        def ggx_extra_buffer_types(self, device):
+            return [(5, FakeExtra("FIRST"))] if device.name == "xdev" else None
+
+    reg = PlainReg("xreg", [ExtraDevice("xdev"), FakeDevice("ydev")])
+    own_method = reg.get_proc_address
+    registry.register(reg)
+    registry.register(Mine(), name="mine")
+    xdev, ydev = registry.get_device("xdev"), registry.get_device("ydev")
+    assert reg.get_proc_address == own_method and "get_proc_address" not in vars(reg)
+    get = reg.get_proc_address("dev_get_extra_bufts")
+    assert names(get(xdev)) == ["FIRST", "AMX", "REPACK"]
+    assert get(ydev) == []  # Device's default: no extra buffer types of its own
 
 
 @pytest.mark.parametrize("answer, reason", [
@@ -366,8 +394,8 @@ def test_extra_buffer_type_hook_failure_is_recorded(answer, reason, monkeypatch)
 def test_register_a_reg_directly_and_unregister():
     info = registry.register(fake_reg("nb", ("nb0", DeviceType.CPU)))
     assert (info.name, info.status, info.source, info.version) == ("nb", "loaded", registry.IN_PROCESS, "9.9")
-    assert registry.get_device("nb0").reg.name == "nb"
-    with pytest.raises(GGXPluginError, match="already registered"):
+    assert registry.reg_of(registry.get_device("nb0")).name == "nb"
+    with pytest.raises(GGXPluginError, match="the name is already taken by plugin 'nb' \\(in-process\\)"):
         registry.register(fake_reg("nb", ("other", DeviceType.CPU)))
     registry.unregister("nb")
     assert "nb0" not in names(registry.devices())
@@ -406,3 +434,112 @@ def test_real_reference_backend_is_always_registered(monkeypatch):
         assert registry.devices()[-1].name == "ref"
     else:  # while ggx.reference is not there yet: recorded, with its reason
         assert "reference backend" in by_name(registry.failures(), "ref").reason
+
+
+# --- names: unique across every path; the built-in keeps its own ------------------------------
+def add_dist(root: Path, ep: str, dist: str, module: str, source: str, version: str = "1.0") -> None:
+    """One more distribution with one entry point `ep` -> `module` (written with `source`)."""
+    (root / f"{module}.py").write_text(HEADER + source)
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[ggx.plugins]\n{ep} = {module}\n")
+
+
+def reg_hook(reg: str, *devices: str) -> str:
+    listed = ", ".join(f"FakeDevice({d!r})" for d in devices)
+    return f"@hookimpl\ndef ggx_backend_reg():\n    return FakeReg({reg!r}, [{listed}])\n"
+
+
+def test_a_plugin_named_like_the_builtin_fails_and_the_builtin_stays(plugin_env, monkeypatch):
+    # what `ggx new-plugin ref` would have installed: plugin "ref", device "ref"
+    add_dist(plugin_env, "ref", "ggx-ref", "ggx_t_scaffold_ref", reg_hook("ref", "ref"))
+    monkeypatch.setenv("GGX_PLUGINS", "good,ref")
+    ref = by_name(registry.plugins(), "ref")
+    assert (ref.source, ref.status, ref.distribution) == (registry.BUILTIN, "loaded", "ggx")
+    assert names(registry.devices()) == ["good_gpu", "good_cpu", "ref"]
+    assert registry.device_plugin(registry.get_device("ref")).source == registry.BUILTIN
+    (failure,) = registry.failures()
+    assert (failure.name, failure.distribution, failure.version) == ("ref", "ggx-ref", "1.0")
+    assert "plugin name 'ref' is already taken by plugin 'ref' (ggx " in failure.reason
+    assert "built-in" in failure.reason
+
+
+def test_a_device_named_like_the_builtins_fails_its_plugin(plugin_env, monkeypatch):
+    add_dist(plugin_env, "myref", "ggx-myref", "ggx_t_myref", reg_hook("myref", "myref0", "REF"))
+    monkeypatch.setenv("GGX_PLUGINS", "myref")
+    (failure,) = registry.failures()
+    assert failure.name == "myref" and failure.distribution == "ggx-myref"
+    assert "device name 'REF' is already taken by plugin 'ref' (ggx " in failure.reason
+    assert names(registry.devices()) == ["ref"]  # the colliding plugin's other device is gone too
+    with pytest.raises(GGXPluginError, match="myref.*failed to load.*'REF' is already taken"):
+        registry.get_device("myref0")
+
+
+def test_two_plugins_with_one_device_name_the_later_fails_naming_both(plugin_env, monkeypatch):
+    add_dist(plugin_env, "acpu", "ggx-t-acpu", "ggx_t_acpu", reg_hook("acpu", "CPU"))
+    add_dist(plugin_env, "bcpu", "ggx-t-bcpu", "ggx_t_bcpu", reg_hook("bcpu", "bcpu0", "cpu"))
+    monkeypatch.setenv("GGX_PLUGINS", "acpu,bcpu")
+    (failure,) = registry.failures()
+    assert (failure.name, failure.distribution) == ("bcpu", "ggx-t-bcpu")  # entry points load by name
+    assert "device name 'cpu' is already taken by plugin 'acpu' (ggx-t-acpu 1.0, entry point)" in failure.reason
+    assert registry.reg_of(registry.get_device("CPU")).name == "acpu"
+    assert names(registry.devices()) == ["CPU", "ref"]
+
+
+def test_two_distributions_with_one_entry_point_name(plugin_env, monkeypatch):
+    add_dist(plugin_env, "dup", "ggx-t-dup-a", "ggx_t_dup_a", reg_hook("dupa", "dupa0"))
+    add_dist(plugin_env, "Dup", "ggx-t-dup-b", "ggx_t_dup_b", reg_hook("dupb", "dupb0"))
+    monkeypatch.setenv("GGX_PLUGINS", "dup")
+    (failure,) = registry.failures()
+    assert (failure.name, failure.distribution) == ("dup", "ggx-t-dup-a")  # "Dup" sorts first
+    assert "plugin name 'dup' is already taken by plugin 'Dup' (ggx-t-dup-b 1.0, entry point)" in failure.reason
+    assert names(registry.devices()) == ["dupb0", "ref"]
+    registry.load_plugins(force=True)
+    assert len(registry.failures()) == 1  # a reload does not record it twice
+
+
+def test_in_process_names_are_checked_against_the_builtin_and_loaded_plugins():
+    with pytest.raises(GGXPluginError, match=r"cannot register plugin 'ref'.*taken by plugin 'ref' \(ggx .*built-in\)"):
+        registry.register(fake_reg("ref", ("r0", DeviceType.CPU)))
+    with pytest.raises(GGXPluginError, match="device name 'Ref' is already taken by plugin 'ref'"):
+        registry.register(fake_reg("mine", ("Ref", DeviceType.CPU)))
+    registry.load_plugins()
+    with pytest.raises(GGXPluginError, match="device name 'good_gpu' is already taken by plugin 'good' "
+                                             r"\(ggx-t-good 1.2.3, entry point\)"):
+        registry.register(fake_reg("mine", ("good_gpu", DeviceType.GPU)))
+    with pytest.raises(GGXPluginError, match="taken by plugin 'good'"):
+        registry.register(fake_reg("x", ("x0", DeviceType.CPU)), name="Good")  # names compare normalized
+    with pytest.raises(GGXPluginError, match="lists device 'TWIN' twice"):
+        registry.register(fake_reg("twins", ("twin", DeviceType.CPU), ("TWIN", DeviceType.CPU)))
+    assert names(registry.devices()) == ["good_gpu", "good_cpu", "ref"]
+    assert registry.reg_of(registry.get_device("ref")).name == "ref"
+
+
+def test_in_process_device_registered_before_loading_keeps_its_name():
+    registry.register(fake_reg("early", ("good_cpu", DeviceType.CPU)))
+    failure = by_name(registry.failures(), "good")
+    assert "device name 'good_cpu' is already taken by plugin 'early' (in-process)" in failure.reason
+    assert registry.reg_of(registry.get_device("good_cpu")).name == "early"
+
+
+def test_registry_loads_once_from_many_threads(monkeypatch):
+    """Eight threads asking at once see one load: the same devices, each failure recorded once."""
+    import threading
+
+    n = 8
+    barrier = threading.Barrier(n)
+    seen: list[list] = []
+
+    def ask():
+        barrier.wait()
+        seen.append(registry.devices())
+
+    threads = [threading.Thread(target=ask) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == n and all([id(d) for d in s] == [id(d) for d in seen[0]] for s in seen)
+    assert names(seen[0]) == ["good_gpu", "good_cpu", "ref"]
+    assert sorted(f.name for f in registry.failures()) == sorted(FAILURES)

@@ -6,13 +6,14 @@ from hypothesis import strategies as st
 from sched_device import TestDevice, alloc_weights, llama_inputs, llama_like
 from test_alloc import random_graph
 
-from ggx.compute import get_tensor_data, set_tensor_data
 from ggx.errors import GGXUnsupported
 from ggx.graph import Context, build_graph
+from ggx.models.moe import MoeExpertUpload
 from ggx.ops import Op
 from ggx.reference import RefDevice
-from ggx.sched import MoeExpertUpload, SchedComputeError, Scheduler
+from ggx.sched import SchedComputeError, Scheduler
 from ggx.tensor import TensorFlag
+from ggx.tensor_data import get_tensor_data, set_tensor_data
 
 REF = RefDevice()
 
@@ -61,7 +62,7 @@ def test_llama_like_with_weights_on_device_matches_ref_and_pins_consumers():
         if any(s in weights2 for s in node.src):
             assert sched.backend_of(node).device is dev
             assert "1.wgt" in sched.explain(node)
-    assert sched.stats.n_splits > 1 and sched.stats.n_copies > 0 and sched.stats.bytes_copied > 0
+    assert sched.stats.n_splits > 1 and sched.stats.n_inputs_copied > 0 and sched.stats.bytes_copied > 0
     for sp in sched.splits:  # what crosses to the ref backend was produced on the device, and vice versa
         for inp in sp.inputs:
             assert sched.backend_of(inp) is not sp.backend
@@ -98,7 +99,7 @@ def test_n_copies_2_gives_the_same_results_as_1():
         a = run(s1, graph, values)[0]
         b = run(s2, graph, values)[0]
         np.testing.assert_array_equal(a, b)
-    assert s2.stats.n_copies > 0 and s2.cur_copy == 1
+    assert s2.stats.n_inputs_copied > 0 and s2.cur_copy == 1
     assert s2.alloc.peak_bytes[dev2.buffer_type()] > s1.alloc.peak_bytes[dev1.buffer_type()]
 
 
@@ -129,7 +130,7 @@ def test_moe_copy_callback_uploads_exactly_the_used_experts():
     assert cb.runs == [(1, 2), (5, 5), (7, 7)]
     es = experts.nb[2]
     assert cb.bytes_uploaded == (2 * es + min(es, 512)) + (es + min(es, 512)) + es
-    assert sched.stats.n_callback_copies == 1 and sched.stats.n_copies == 2  # b and ids by the scheduler
+    assert sched.stats.n_callback_copies == 1 and sched.stats.n_inputs_copied == 2  # b and ids by the scheduler
     assert sched.stats.bytes_copied == b.nbytes + ids.nbytes
 
 
@@ -241,4 +242,4 @@ def test_waits_once_per_split_and_copies_every_input():
         async_splits = [sp for sp in sched.splits if sp.backend is backend
                         and any(not (i.flags & TensorFlag.INPUT) for i in sp.inputs)]
         assert len(waits) == len(async_splits)  # one wait per split, not one per input
-        assert sched.stats.n_copies == sum(len(sp.inputs) for sp in sched.splits)
+        assert sched.stats.n_inputs_copied == sum(len(sp.inputs) for sp in sched.splits)

@@ -1,12 +1,21 @@
-"""ggx: a tensor backend framework for Python, built the way ggml's backend layer is built."""
-from .compute import compute
+"""ggx: a tensor backend framework for Python, built the way ggml's backend layer is built.
+
+Three faces:
+
+- users: this package (`Context` builds graphs, `compute` runs them, `devices` lists devices)
+  and `ggx.models`;
+- plugin authors: `ggx.plugin`, the plugin API (the modules `backend`, `hookspecs`, `host`,
+  `errors`, `types`, `tensor`, plus `Graph`, `Op` and `Launch`): all a plugin builds against;
+- the engine behind both, which plugins do not call: `registry`, `sched`, `alloc`,
+  `placement`, `eager`, `conformance`, `commands`.
+"""
+from ._version import __version__
+from .eager import compute
 from .errors import GGXError, GGXFormatError, GGXOutOfMemory, GGXPluginError, GGXShapeError, GGXUnsupported
 from .graph import Context, Graph, build_graph
 from .ops import Op
 from .tensor import Tensor, TensorFlag
 from .types import GType
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Context", "GGXError", "GGXFormatError", "GGXOutOfMemory", "GGXPluginError", "GGXShapeError",

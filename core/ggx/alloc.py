@@ -1,6 +1,6 @@
 """The graph allocator (ggml's ggml_gallocr): offsets for every tensor of a graph that needs memory.
 
-One buffer per buffer type. Walking the nodes in order, a tensor is placed when it is first
+One buffer per buffer type. Walking the allocation order, a tensor is placed when it is first
 needed and its memory is given back after its last consumer ran, so later tensors reuse it.
 Rules (see docs/architecture.md, "Allocation and scheduling"):
 
@@ -12,16 +12,21 @@ Rules (see docs/architecture.md, "Allocation and scheduling"):
   overwritten in place (so a graph can be run again without setting its inputs again);
 - an op in `INPLACE_OPS` whose source has the same layout and dies at this node takes the
   source's memory (ADD, MUL, SCALE, SILU, GELU, DUP, CONT: elementwise, each output element is
-  written after the same input element was read).
+  written after the same input element was read; CPY is listed too, but as a view of its
+  destination it never gets memory).
 
-`reserve(graph)` sizes the buffers for a worst-case graph; later graphs of the same or smaller
-size allocate without growing them. `peak_bytes` reports the measured peak per buffer type.
+One API, in three steps, for the scheduler and for direct use:
+`plan(steps, leafs)` computes offsets and sizes and touches nothing; `reserve(plan)` grows the
+buffers to the plan's sizes (a worst-case plan sizes them once: later, smaller plans fit);
+`place(plan)` points the tensors at their buffer and offset. A buffer that `reserve` replaces,
+and every buffer at `free()`, is freed at once: whoever calls them must first synchronize every
+stream that may still use those buffers (the scheduler does).
 """
 from __future__ import annotations
 
 import bisect
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .backend import Buffer, BufferType, BufferUsage
@@ -30,7 +35,7 @@ from .graph import Graph
 from .ops import INPLACE_OPS
 from .tensor import Tensor, TensorFlag
 
-__all__ = ["GraphAllocator", "Plan", "Record", "Step", "graph_steps", "is_scratch"]
+__all__ = ["GraphAllocator", "Plan", "Record", "Step", "alloc_tensors", "graph_steps", "is_scratch", "layout_tensors"]
 
 
 @dataclass(slots=True)
@@ -43,7 +48,6 @@ class Step:
 
     tensor: Tensor | None
     srcs: tuple[Tensor, ...]
-    buft: int = 0  # index into the allocator's buffer types
 
 
 @dataclass(slots=True)
@@ -51,7 +55,7 @@ class Record:
     """Where one tensor was placed and for which steps it is alive (both inclusive)."""
 
     tensor: Tensor
-    buft: int
+    buft: int  # index into the allocator's buffer types
     offset: int
     size: int
     first: int
@@ -65,15 +69,6 @@ class Plan:
 
     records: list[Record] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
-
-    def apply(self, buffers: Sequence[Buffer]) -> None:
-        """Point every planned tensor at its buffer and offset."""
-        for r in self.records:
-            t = r.tensor
-            buf = buffers[r.buft]
-            t.buffer = buf
-            t.offset = r.offset
-            buf.init_tensor(t)
 
 
 class _Arena:
@@ -133,15 +128,25 @@ class _Arena:
 _SCRATCH: weakref.WeakSet[Buffer] = weakref.WeakSet()
 
 
+def layout_tensors(buft: BufferType, tensors: Sequence[Tensor], gap: int = 0, start: int = 0) -> tuple[list[int], int]:
+    """(offsets, total size) of `tensors` placed back to back in one buffer of `buft`: each at an
+    `alignment` boundary, taking `get_alloc_size` bytes (at least 1), with at least `gap` free bytes
+    before the first, between any two and after the last (the conformance harness puts guards
+    there). Nothing is allocated or touched."""
+    align = max(1, buft.alignment)
+    offsets: list[int] = []
+    end = start + gap
+    for t in tensors:
+        off = (end + align - 1) // align * align
+        offsets.append(off)
+        end = off + max(buft.get_alloc_size(t), 1) + gap
+    return offsets, end
+
+
 def alloc_tensors(buft: BufferType, tensors: Sequence[Tensor], usage: BufferUsage = BufferUsage.ANY) -> Buffer:
     """One buffer of `buft` holding `tensors` back to back at aligned offsets, no reuse
     (ggml_backend_alloc_ctx_tensors_from_buft): for weights and for tensors that live across graphs."""
-    align = buft.alignment
-    offsets, size = [], 0
-    for t in tensors:
-        size = (size + align - 1) // align * align
-        offsets.append(size)
-        size += max(buft.get_alloc_size(t), 1)
+    offsets, size = layout_tensors(buft, tensors)
     buf = buft.alloc_buffer(size)
     buf.usage = usage
     for t, off in zip(tensors, offsets):
@@ -164,19 +169,130 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
     return a.type is b.type and a.ne == b.ne and a.nb == b.nb
 
 
+def _owns_memory(t: Tensor) -> bool:
+    """Does the plan give `t` memory? Not a view, and no storage of its own outside a graph allocator."""
+    return t.view_src is None and (t.buffer is None or t.buffer in _SCRATCH)
+
+
+class _Walk:
+    """One `GraphAllocator.plan` walk: an arena per buffer type, the records, and per tensor the
+    consumers still to run and the live views of each root."""
+
+    def __init__(self, bufts: Sequence[BufferType], steps: Sequence[Step], buft_of: Callable[[Tensor], int],
+                 pinned: Iterable[Tensor]):
+        self.bufts = bufts
+        self.buft_of = buft_of
+        self.arenas = [_Arena(b.alignment) for b in bufts]
+        self.records: list[Record] = []
+        self.rec: dict[int, Record] = {}
+        self.children: dict[int, int] = {}  # consumers left, per tensor
+        self.n_views: dict[int, int] = {}  # live views, per root
+        self.keep: set[int] = {id(t) for t in pinned}  # roots that must never be freed
+        self.view_ids: set[int] = set()  # views created by a step (they hold their root alive)
+        self._count(steps)
+
+    def _count(self, steps: Sequence[Step]) -> None:
+        children, n_views = self.children, self.n_views
+        for s in steps:
+            for src in s.srcs:
+                children[id(src)] = children.get(id(src), 0) + 1
+            t = s.tensor
+            if t is not None and t.view_src is not None and id(t) not in self.view_ids:
+                self.view_ids.add(id(t))
+                n_views[id(t.view_src)] = n_views.get(id(t.view_src), 0) + 1
+                if t.flags & TensorFlag.OUTPUT:
+                    self.keep.add(id(t.view_src))
+
+    def _place(self, t: Tensor, step: int, b: int) -> None:
+        size = self.bufts[b].get_alloc_size(t)
+        self.rec[id(t)] = r = Record(t, b, self.arenas[b].alloc(size), size, step)
+        self.records.append(r)
+
+    def _ensure_root(self, t: Tensor, step: int) -> None:
+        root = t.root
+        if _owns_memory(root) and id(root) not in self.rec:
+            self._place(root, step, self.buft_of(root))
+
+    def _release_root(self, root: Tensor, step: int) -> None:
+        r = self.rec.get(id(root))
+        if r is None or r.last >= 0 or id(root) in self.keep or root.flags & TensorFlag.OUTPUT:
+            return
+        if self.children.get(id(root), 0) == 0 and self.n_views.get(id(root), 0) == 0:
+            r.last = step
+            self.arenas[r.buft].free(r.offset, r.size)
+
+    def inputs(self, leafs: Iterable[Tensor]) -> None:
+        """Graph inputs first: their data is set before any node runs, and never overwritten."""
+        for leaf in leafs:
+            if leaf.flags & TensorFlag.INPUT:
+                self._ensure_root(leaf, 0)
+                self.keep.add(id(leaf.root))
+
+    def step(self, i: int, s: Step) -> None:
+        for src in s.srcs:
+            self._ensure_root(src, i)
+        t = s.tensor
+        if t is not None:
+            if t.view_src is not None:
+                self._ensure_root(t, i)
+            elif _owns_memory(t) and id(t) not in self.rec:
+                self._place_node(t, s, i)
+        for src in s.srcs:
+            self._consumed(src, i)
+        if t is not None and id(t) in self.view_ids and self.children.get(id(t), 0) == 0 \
+                and not t.flags & TensorFlag.OUTPUT:
+            # a view nobody reads (e.g. a CPY into a scratch tensor): its root may go now
+            self.n_views[id(t.view_src)] -= 1
+            self._release_root(t.view_src, i)
+
+    def _place_node(self, t: Tensor, s: Step, i: int) -> None:
+        b = self.buft_of(t)
+        parent = self._inplace_parent(t, s, b)
+        if parent is None:
+            self._place(t, i, b)
+            return
+        # the parent ends here (its last reader is this node) and the node continues in its
+        # memory; releasing the parent afterwards sees last >= 0 and frees nothing
+        pr = self.rec[id(parent)]
+        pr.last = i
+        self.rec[id(t)] = r = Record(t, b, pr.offset, pr.size, i, inplace_of=parent)
+        self.records.append(r)
+
+    def _consumed(self, src: Tensor, i: int) -> None:
+        n = self.children[id(src)] = self.children[id(src)] - 1
+        if n:
+            return
+        if id(src) in self.view_ids:
+            self.n_views[id(src.view_src)] -= 1
+            self._release_root(src.view_src, i)
+        elif src.view_src is None:
+            self._release_root(src, i)
+
+    def _inplace_parent(self, t: Tensor, s: Step, b: int) -> Tensor | None:
+        if t.op not in INPLACE_OPS:
+            return None
+        for p in s.srcs:
+            r = self.rec.get(id(p))
+            if (r is None or r.last >= 0 or r.buft != b or p.view_src is not None or id(p) in self.keep
+                    or p.flags & (TensorFlag.OUTPUT | TensorFlag.INPUT)):
+                continue
+            if self.children.get(id(p), 0) == s.srcs.count(p) == 1 and self.n_views.get(id(p), 0) == 0 \
+                    and _same_layout(p, t) and r.size >= t.nbytes:
+                return p
+        return None
+
+
 class GraphAllocator:
     """Plans and places the intermediate tensors of graphs in one buffer per buffer type.
 
     `GraphAllocator(buft)` serves one buffer type; `GraphAllocator([buft_a, buft_b])` several,
-    and `alloc_graph(graph, buft_of=...)` then says which one each tensor goes to (a
-    BufferType or its index; the default is the first).
+    and `plan(..., buft_of=...)` then says which one each tensor goes to (an index into `bufts`,
+    see `buft_index`; the default is the first).
     """
 
-    def __init__(self, bufts: BufferType | Sequence[BufferType] | Mapping[object, BufferType]):
+    def __init__(self, bufts: BufferType | Sequence[BufferType]):
         if isinstance(bufts, BufferType):
             bufts = [bufts]
-        elif isinstance(bufts, Mapping):
-            bufts = list(bufts.values())
         self.bufts: list[BufferType] = []
         for b in bufts:  # one buffer per distinct buffer type, in first-seen order
             if not any(b is x for x in self.bufts):
@@ -186,173 +302,81 @@ class GraphAllocator:
         self.buffers: list[Buffer | None] = [None] * len(self.bufts)
         self._peak = [0] * len(self.bufts)
         self.n_grows = 0  # how many times a buffer had to be (re)allocated bigger
-        self.last_plan: Plan | None = None
 
-    # --- public API -------------------------------------------------------------------------
     @property
     def peak_bytes(self) -> dict[BufferType, int]:
         """The largest size each buffer type needed over every graph planned so far."""
         return {b: p for b, p in zip(self.bufts, self._peak)}
 
-    @staticmethod
-    def owns(buffer: Buffer | None) -> bool:
-        """Is `buffer` scratch made by a graph allocator? Its tensors are re-planned, not kept."""
-        return is_scratch(buffer)
-
-    def buffer_size(self, buft: BufferType | int = 0) -> int:
-        buf = self.buffers[self._index(buft)]
-        return 0 if buf is None else buf.size
-
-    def reserve(self, graph: Graph, buft_of: Callable[[Tensor], BufferType | int] | None = None) -> Plan:
-        """Size the buffers for `graph` (a worst case) without placing its tensors."""
-        return self.reserve_steps(graph_steps(graph), graph.leafs, self._resolver(buft_of))
-
-    def alloc_graph(self, graph: Graph, buft_of: Callable[[Tensor], BufferType | int] | None = None) -> Plan:
-        """Plan `graph`, grow buffers if it needs more than reserved, and place its tensors."""
-        return self.alloc_steps(graph_steps(graph), graph.leafs, self._resolver(buft_of))
-
-    # --- the step-level API the scheduler uses ------------------------------------------------
-    def reserve_steps(self, steps: Sequence[Step], leafs: Iterable[Tensor] = (),
-                      buft_of: Callable[[Tensor], int] | None = None, pinned: Iterable[Tensor] = ()) -> Plan:
-        plan = self.plan(steps, leafs, buft_of, pinned)
-        self._ensure(plan.sizes)
-        return plan
-
-    def alloc_steps(self, steps: Sequence[Step], leafs: Iterable[Tensor] = (),
-                    buft_of: Callable[[Tensor], int] | None = None, pinned: Iterable[Tensor] = ()) -> Plan:
-        plan = self.reserve_steps(steps, leafs, buft_of, pinned)
-        plan.apply(self.buffers)
-        return plan
-
-    def ensure_sizes(self, sizes: Sequence[int]) -> None:
-        """Make the buffers at least `sizes` bytes (used when a plan is reused)."""
-        self._ensure(sizes)
-
-    def plan(self, steps: Sequence[Step], leafs: Iterable[Tensor] = (),
-             buft_of: Callable[[Tensor], int] | None = None, pinned: Iterable[Tensor] = ()) -> Plan:
-        """Compute offsets without touching any tensor. `pinned` tensors are never freed."""
-        buft_of = buft_of or (lambda t: 0)
-        arenas = [_Arena(b.alignment) for b in self.bufts]
-        pinned_ids = {id(t) for t in pinned}
-        plan = Plan(sizes=[0] * len(self.bufts))
-        rec: dict[int, Record] = {}
-        children: dict[int, int] = {}  # consumers left, per tensor
-        n_views: dict[int, int] = {}  # live views, per root
-        keep: set[int] = set(pinned_ids)  # roots that must never be freed
-        view_ids: set[int] = set()  # views created by a step (they hold their root alive)
-
-        def own(t: Tensor) -> bool:
-            return t.view_src is None and (t.buffer is None or t.buffer in _SCRATCH)
-
-        for s in steps:
-            for src in s.srcs:
-                children[id(src)] = children.get(id(src), 0) + 1
-            t = s.tensor
-            if t is not None and t.view_src is not None and id(t) not in view_ids:
-                view_ids.add(id(t))
-                n_views[id(t.view_src)] = n_views.get(id(t.view_src), 0) + 1
-                if t.flags & TensorFlag.OUTPUT:
-                    keep.add(id(t.view_src))
-
-        def place(t: Tensor, step: int, b: int) -> None:
-            size = self.bufts[b].get_alloc_size(t)
-            rec[id(t)] = r = Record(t, b, arenas[b].alloc(size), size, step)
-            plan.records.append(r)
-
-        def ensure_root(t: Tensor, step: int) -> None:
-            root = t.root
-            if own(root) and id(root) not in rec:
-                place(root, step, buft_of(root))
-
-        def release_root(root: Tensor, step: int) -> None:
-            r = rec.get(id(root))
-            if r is None or r.last >= 0 or id(root) in keep or root.flags & TensorFlag.OUTPUT:
-                return
-            if children.get(id(root), 0) == 0 and n_views.get(id(root), 0) == 0:
-                r.last = step
-                arenas[r.buft].free(r.offset, r.size)
-
-        # graph inputs first: their data is set before any node runs
-        for leaf in leafs:
-            if leaf.flags & TensorFlag.INPUT:
-                ensure_root(leaf, 0)
-                keep.add(id(leaf.root))
-
-        for i, s in enumerate(steps):
-            for src in s.srcs:
-                ensure_root(src, i)
-            t = s.tensor
-            if t is not None:
-                if t.view_src is not None:
-                    ensure_root(t, i)
-                elif own(t) and id(t) not in rec:
-                    b = buft_of(t)
-                    parent = self._inplace_parent(t, s, b, rec, children, n_views, keep)
-                    if parent is not None:
-                        # the parent ends here (its last reader is this node) and the node
-                        # continues in its memory; release_root below sees last >= 0 and frees nothing
-                        pr = rec[id(parent)]
-                        pr.last = i
-                        rec[id(t)] = r = Record(t, b, pr.offset, pr.size, i, inplace_of=parent)
-                        plan.records.append(r)
-                    else:
-                        place(t, i, b)
-            for src in s.srcs:
-                n = children[id(src)] = children[id(src)] - 1
-                if n == 0:
-                    if id(src) in view_ids:
-                        n_views[id(src.view_src)] -= 1
-                        release_root(src.view_src, i)
-                    elif src.view_src is None:
-                        release_root(src, i)
-            if t is not None and id(t) in view_ids and children.get(id(t), 0) == 0 \
-                    and not t.flags & TensorFlag.OUTPUT:
-                # a view nobody reads (e.g. a CPY into a scratch tensor): its root may go now
-                n_views[id(t.view_src)] -= 1
-                release_root(t.view_src, i)
-
-        for b, a in enumerate(arenas):
-            plan.sizes[b] = a.peak
-            self._peak[b] = max(self._peak[b], a.peak)
-        self.last_plan = plan
-        return plan
-
-    # --- internals ----------------------------------------------------------------------------
-    @staticmethod
-    def _inplace_parent(t: Tensor, s: Step, b: int, rec: dict[int, Record], children: dict[int, int],
-                        n_views: dict[int, int], keep: set[int]) -> Tensor | None:
-        if t.op not in INPLACE_OPS:
-            return None
-        for p in s.srcs:
-            r = rec.get(id(p))
-            if (r is None or r.last >= 0 or r.buft != b or p.view_src is not None or id(p) in keep
-                    or p.flags & (TensorFlag.OUTPUT | TensorFlag.INPUT)):
-                continue
-            if children.get(id(p), 0) == s.srcs.count(p) == 1 and n_views.get(id(p), 0) == 0 \
-                    and _same_layout(p, t) and r.size >= t.nbytes:
-                return p
-        return None
-
-    def _index(self, buft: BufferType | int) -> int:
-        if isinstance(buft, int):
-            return buft
+    def buft_index(self, buft: BufferType) -> int:
+        """The index of `buft` in `bufts` (what `buft_of` returns and `Record.buft` holds)."""
         for i, b in enumerate(self.bufts):
             if b is buft:
                 return i
         raise GGXShapeError(f"buffer type {buft.name} is not one of this allocator's "
                             f"({', '.join(b.name for b in self.bufts)})")
 
-    def _resolver(self, buft_of) -> Callable[[Tensor], int] | None:
-        if buft_of is None:
-            return None
-        return lambda t: self._index(buft_of(t))
+    def buffer_size(self, buft: BufferType) -> int:
+        buf = self.buffers[self.buft_index(buft)]
+        return 0 if buf is None else buf.size
 
-    def _ensure(self, sizes: Sequence[int]) -> None:
-        for i, need in enumerate(sizes):
-            buf = self.buffers[i]
-            if need > 0 and (buf is None or buf.size < need):
-                self.buffers[i] = buf = self.bufts[i].alloc_buffer(need)
+    def plan(self, steps: Sequence[Step], leafs: Iterable[Tensor] = (),
+             buft_of: Callable[[Tensor], int] | None = None, pinned: Iterable[Tensor] = ()) -> Plan:
+        """Offsets for every tensor of `steps` that needs memory, touching no tensor and no buffer.
+        `leafs`: the graph's leafs (its INPUT leafs are placed first); `pinned` are never freed."""
+        walk = _Walk(self.bufts, steps, buft_of or (lambda t: 0), pinned)
+        walk.inputs(leafs)
+        for i, s in enumerate(steps):
+            walk.step(i, s)
+        sizes = [a.peak for a in walk.arenas]
+        self._peak = [max(p, s) for p, s in zip(self._peak, sizes)]
+        return Plan(walk.records, sizes)
+
+    def fits(self, plan: Plan) -> bool:
+        """Do the current buffers hold `plan` (no `reserve` needed)?"""
+        for need, buf in zip(plan.sizes, self.buffers):
+            if need and (buf is None or buf.size < need):
+                return False
+        return True
+
+    def reserve(self, plan: Plan) -> None:
+        """Grow the buffers to `plan`'s sizes. A replaced buffer is freed at once: the caller must
+        first synchronize every stream that may still use it."""
+        for i, need in enumerate(plan.sizes):
+            old = self.buffers[i]
+            if need > 0 and (old is None or old.size < need):
+                buf = self.bufts[i].alloc_buffer(need)
                 buf.usage = BufferUsage.COMPUTE
                 _SCRATCH.add(buf)
+                self.buffers[i] = buf
                 self.n_grows += 1
+                if old is not None:
+                    old.free()
 
+    def place(self, plan: Plan, tensors: Sequence[Tensor] | None = None) -> None:
+        """Point each planned tensor at its buffer and offset; `tensors` (in record order) place
+        the tensors of another graph of the same shape instead. Only tensors not already there are
+        touched (`init_tensor` runs for them)."""
+        records = plan.records
+        if tensors is None:
+            tensors = [r.tensor for r in records]
+        elif len(tensors) != len(records):
+            raise GGXShapeError(f"place: the plan has {len(records)} tensors, {len(tensors)} given")
+        if not self.fits(plan):
+            need = ", ".join(f"{b.name} {n} B" for b, n in zip(self.bufts, plan.sizes))
+            raise GGXShapeError(f"place: the plan needs {need}, more than the buffers hold: reserve(plan) first")
+        buffers = self.buffers
+        for t, r in zip(tensors, records):
+            buf = buffers[r.buft]
+            if t.buffer is not buf or t.offset != r.offset:
+                t.buffer = buf
+                t.offset = r.offset
+                buf.init_tensor(t)
+
+    def free(self) -> None:
+        """Free every buffer now; the next `reserve` allocates again. The caller must first
+        synchronize every stream that may still use them."""
+        for i, buf in enumerate(self.buffers):
+            if buf is not None:
+                buf.free()
+                self.buffers[i] = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import sys
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,10 +17,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import GGXUnsupported
+from .graph import Graph
 
 if TYPE_CHECKING:
-    from .graph import Graph
+    from .ops import Op
     from .tensor import Tensor
+    from .types import GType
 
 #: Bumped when a contract changes incompatibly; every BackendReg declares the one it was built for.
 API_VERSION = 1
@@ -86,25 +89,27 @@ class BufferType(ABC):
 
 
 class ExtraBufferType(BufferType):
-    """A host-side buffer type that transforms weights (repack, AMX) and computes ops on them.
+    """A host-side buffer type whose weights a host backend computes from (ggml's extra buffer
+    types: repack, AMX), found through `Device.extra_buffer_types()`.
 
-    `set_tensor` transforms the whole tensor (offset 0); the buffer is write-only. A host
-    backend asks the extra buffer type of an op's src[0] to run it through `compute_forward`.
+    A *transforming* type (`is_host` False: repack, AMX) rewrites the whole tensor in `set_tensor`
+    (offset 0) into its own layout; its buffers are write-only and no CPU kernel can read them,
+    so it must compute every op its `supports_op` accepted. A type that keeps ggml's layout in
+    host memory (`is_host` True, `Buffer.host_view()` offered) may decline an op and let the
+    host backend's own kernel run it.
     """
 
     @abstractmethod
     def supports_op(self, op: Tensor) -> bool:
-        """Can `op`, whose src[0] is in this buffer type, be computed by compute_forward?"""
+        """Can `op`, whose src[0] is in this buffer type, be computed from it? (A promise: a
+        transforming type then returns a launch for it from prepare_forward.)"""
 
     @abstractmethod
-    def compute_forward(self, op: Tensor, n_threads: int = 1) -> bool:
-        """Compute `op` into its destination; False if it declines (then the backend computes it)."""
-
     def prepare_forward(self, op: Tensor, n_threads: int = 1) -> Launch | None:
-        """The launch that computes `op`, validated and bound now and run as `launch()` (possibly
-        many times, while the tensors keep their storage); None (the default) leaves the host
-        backend to call compute_forward each time the op runs. Override it to validate once."""
-        return None
+        """The launch computing `op` on `n_threads` threads, validated and bound now and run as
+        `launch()`, possibly many times while the tensors keep their storage (data-dependent
+        checks belong inside the launch). None declines: the host backend's own kernel runs the
+        op, which is legal only for a type with `is_host` True (the CPU can read its layout)."""
 
 
 class Buffer(ABC):
@@ -118,6 +123,23 @@ class Buffer(ABC):
     @property
     def is_host(self) -> bool:
         return self.buft.is_host
+
+    def host_view(self) -> np.ndarray:
+        """The buffer's memory as one writable uint8 array of `size` bytes in ggml's layout (ggml's
+        get_base): what CPU kernels and the host backend read and write. Every buffer of an
+        `is_host` buffer type offers it; the default (device memory) raises GGXUnsupported."""
+        raise GGXUnsupported(f"{self.buft.name} memory is not host memory: it has no host view")
+
+    @property
+    def is_freed(self) -> bool:
+        return getattr(self, "_freed", False)
+
+    def free(self) -> None:
+        """Release the memory now (ggml_backend_buffer_free) instead of when the buffer is collected.
+        Whoever frees it must first synchronize every stream that may still use it (the scheduler
+        does). Afterwards every access raises GGXError. Overrides release their memory and call
+        this."""
+        self._freed = True
 
     def init_tensor(self, tensor: Tensor) -> None:
         """Called once a tensor is placed in this buffer (default: nothing to do)."""
@@ -201,6 +223,11 @@ class Device(ABC):
     def buffer_from_host_ptr(self, array: np.ndarray, max_tensor_size: int) -> Buffer:
         raise GGXUnsupported(f"device {self.name} cannot wrap host memory")
 
+    def extra_buffer_types(self) -> list[ExtraBufferType]:
+        """Extra buffer types this device's backends compute from, best first (ggml's
+        dev_get_extra_bufts; weight placement tries them before plain memory). Default: none."""
+        return []
+
     def supports_buft(self, buft: BufferType) -> bool:
         """Can this device's streams read tensors in `buft` directly? Default: its own type or host."""
         return buft is self.buffer_type() or (buft.is_host and self.type == DeviceType.CPU)
@@ -211,6 +238,14 @@ class Device(ABC):
 
     def event_new(self) -> Event:
         return HostEvent()
+
+    def max_nmse_err(self, op: Op, gtype: GType | None, default: float) -> tuple[float, str] | None:
+        """The conformance suite's bound on the normalized mean squared error of `op` (cases judged
+        by NMSE only) whose characteristic type is `gtype` (a product's weight, a copy's destination,
+        attention's K/V), where `default` is the core table's bound (ggml's max_nmse_err(backend)).
+        A device whose kernels accumulate in F16/TF32 returns (bound, reason); the suite prints every
+        bound that differs from the table's in its report. Default: None, the core table holds."""
+        return None
 
     def __repr__(self) -> str:
         return f"<Device {self.name}>"
@@ -229,9 +264,15 @@ class Backend(ABC):
         """Compute every node of `graph` (skip view ops). May return before the work is done."""
 
     def set_tensor_async(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
+        """Write into a tensor in order with this stream's work (default: wait for the stream, then
+        write synchronously, as ggml's fallback does). The caller may reuse `data` at once."""
+        self.synchronize()
         tensor.data_buffer.set_tensor(tensor, data, offset)
 
     def get_tensor_async(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
+        """Read a tensor in order with this stream's work; the bytes are valid after
+        `synchronize()` (default: wait for the stream, then read synchronously)."""
+        self.synchronize()
         return tensor.data_buffer.get_tensor(tensor, offset, size)
 
     def cpy_tensor_async(self, src_backend: Backend, src: Tensor, dst: Tensor) -> bool:
@@ -249,8 +290,23 @@ class Backend(ABC):
         event.synchronize()
 
     def graph_optimize(self, graph: Graph) -> Graph:
-        """A chance to reorder nodes before compute (default: unchanged)."""
+        """A chance to reorder or fuse nodes, called by the scheduler once per split graph when it
+        builds the split (as ggml does); the scheduler then computes the graph returned, which must
+        compute the same nodes' results (default: unchanged)."""
         return graph
+
+    def graph_profile(self, graph: Graph) -> list[tuple[Tensor, float]]:
+        """Compute `graph` and return (node, seconds) for each node that ran: the per-node timing
+        hook (`ggx bench --profile`). Default: one node at a time, synchronizing after each."""
+        times: list[tuple[Tensor, float]] = []
+        for node in graph.nodes:
+            if node.op.is_view:
+                continue
+            t0 = time.perf_counter()
+            self.graph_compute(Graph([node], []))
+            self.synchronize()
+            times.append((node, time.perf_counter() - t0))
+        return times
 
     def get_proc_address(self, name: str) -> Callable | None:
         return None
@@ -265,12 +321,17 @@ class BackendReg(ABC):
     name: str = "?"
     version: str = "0"
     api_version: int = API_VERSION
+    #: A line for `ggx devices` about the plugin's state, e.g. why it lists no device right now.
+    note: str = ""
 
     @abstractmethod
     def devices(self) -> list[Device]: ...
 
     def get_proc_address(self, name: str) -> Callable | None:
-        """An optional capability by name ("set_n_threads", "get_features", ...), or None."""
+        """An optional capability by name ("set_n_threads", "get_features", ...), or None.
+        Default: "dev_get_extra_bufts" -> f(device) -> `device.extra_buffer_types()`."""
+        if name == "dev_get_extra_bufts":
+            return lambda device: device.extra_buffer_types()
         return None
 
     def __repr__(self) -> str:

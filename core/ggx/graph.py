@@ -28,6 +28,17 @@ def _need_tensor(op: str, role: str, t: object) -> Tensor:
     return t
 
 
+def _need_eps(op: str, eps: object) -> float:
+    """A norm epsilon: finite and >= 0 (ggml asserts eps >= 0)."""
+    try:
+        value = float(eps)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise _fail(op, f"eps must be a number, got {eps!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise _fail(op, f"eps must be finite and >= 0, got {value}")
+    return value
+
+
 FLOAT_TYPES = (GType.F32, GType.F16, GType.BF16)
 INDEX_TYPES = (GType.I32, GType.I64)
 
@@ -236,11 +247,11 @@ class Context:
 
     def rms_norm(self, a: Tensor, eps: float) -> Tensor:
         """x / sqrt(mean(x^2) + eps) over each row."""
-        return self._unary_f32(Op.RMS_NORM, a, P.NormParams(float(eps)))
+        return self._unary_f32(Op.RMS_NORM, a, P.NormParams(_need_eps("rms_norm", eps)))
 
     def norm(self, a: Tensor, eps: float) -> Tensor:
         """(x - mean) / sqrt(var + eps) over each row."""
-        return self._unary_f32(Op.NORM, a, P.NormParams(float(eps)))
+        return self._unary_f32(Op.NORM, a, P.NormParams(_need_eps("norm", eps)))
 
     def sum_rows(self, a: Tensor) -> Tensor:
         _need_tensor("sum_rows", "a", a)

@@ -27,6 +27,9 @@ Rules every hook follows:
   raises, returns the wrong type, or whose BackendReg declares another core API version is
   recorded as failed (name, distribution, version, reason, traceback) and skipped; the other
   plugins still load. `ggx devices` lists such failures with their reason.
+- Plugin names and device names are unique. The built-in reference backend always holds "ref";
+  otherwise a plugin whose name (or one of whose device names) is already taken fails, and its
+  reason names the plugin holding it.
 """
 from __future__ import annotations
 
@@ -45,11 +48,6 @@ ENTRY_POINT_GROUP = "ggx.plugins"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-#: Priorities for `ggx_extra_buffer_types`: lower values are tried first, as ggml tries AMX
-#: before repack. A third-party buffer type picks a value between or after these.
-PRIORITY_AMX = 10
-PRIORITY_REPACK = 20
-
 
 @hookspec
 def ggx_backend_reg() -> BackendReg | None:
@@ -62,11 +60,10 @@ def ggx_backend_reg() -> BackendReg | None:
     None here and implements `ggx_extra_buffer_types` instead.
 
     Capabilities beyond the contract are looked up by name through
-    `BackendReg.get_proc_address(name)`; the core answers "dev_get_extra_bufts" itself (a
-    callable `(device) -> list[ExtraBufferType]`) when the reg returns None for it. By
-    convention "get_features" gives a callable `() -> dict[str, str]` (or a list of
-    `(name, value)` pairs) describing the build, e.g. the selected ISA variant; `ggx devices`
-    shows it.
+    `BackendReg.get_proc_address(name)`; the default answers "dev_get_extra_bufts" with a
+    callable `(device) -> device.extra_buffer_types()` (ggml's name). By convention
+    "get_features" gives a callable `() -> dict[str, str]` (or a list of `(name, value)` pairs)
+    describing the build, e.g. the selected ISA variant; `ggx devices` shows it.
     """
 
 
@@ -78,11 +75,13 @@ def ggx_extra_buffer_types(device: Device) -> list[tuple[int, ExtraBufferType]] 
     a device's backend can compute from. The plugin decides which devices it serves: return None
     or an empty list for a device it does not extend (e.g. anything but the CPU device).
 
-    `priority` is an int; the core merges every plugin's answer and sorts by ascending priority
-    (stable, plugin order breaking ties): `PRIORITY_AMX` (10) before `PRIORITY_REPACK` (20), as
-    ggml tries AMX before repack. `buft` must be a `ggx.backend.ExtraBufferType` instance.
+    `priority` is an int; the core merges every plugin's answer and sorts by ascending priority,
+    lower first (stable, plugin order breaking ties): e.g. an AMX type before a repack type, as
+    ggml tries AMX before repack. Each plugin defines its own value. `buft` must be a
+    `ggx.backend.ExtraBufferType` instance.
 
     Called lazily, once per device, the first time that device's extra buffer types are asked
-    for. A plugin whose hook raises or returns anything else is recorded as failed and contributes
-    no extra buffer types; devices it registered stay available.
+    for (`ggx.registry.extra_buffer_types(device)`; the CPU device takes its list from there).
+    A plugin whose hook raises or returns anything else is recorded as failed and contributes no
+    extra buffer types; devices it registered stay available.
     """

@@ -1,5 +1,9 @@
-"""Host memory: the buffer type every CPU-side device shares (aligned numpy memory)."""
+"""Host memory: the buffer type every CPU-side device shares (aligned numpy memory), the one way
+kernels reach host memory (`Buffer.host_view`, as tensors through `tensor_array`), and the
+host's RAM figures."""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -17,15 +21,55 @@ def aligned_empty(size: int, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
     return raw[start: start + size]
 
 
-class HostBuffer(Buffer):
-    """Host memory in ggml layout: tensors are numpy-viewable (see `tensor_array`)."""
+def alloc_host_memory(buft: BufferType, size: int) -> np.ndarray:
+    """`size` bytes of host memory at `buft`'s alignment; GGXOutOfMemory naming `buft` when the
+    host has none to give."""
+    try:
+        return aligned_empty(max(size, 1), buft.alignment)[:size]
+    except MemoryError as e:
+        raise GGXOutOfMemory(f"{buft.name}: cannot allocate {size} bytes") from e
 
-    def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.ANY):
+
+def host_memory() -> tuple[int, int]:
+    """(available, total) bytes of the host's RAM, from /proc/meminfo where there is one."""
+    try:
+        fields = {}
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                fields[key] = int(rest.split()[0]) * 1024  # values are in kB
+        return fields.get("MemAvailable", fields["MemFree"]), fields["MemTotal"]
+    except (OSError, KeyError, ValueError, IndexError):
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
+class HostBuffer(Buffer):
+    """Host memory in ggml layout: one aligned uint8 array, `host_view()`.
+
+    `memory` wraps an existing uint8 array of `size` bytes instead of allocating (no copy:
+    writes to the buffer are writes to that array).
+    """
+
+    def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.ANY, *,
+                 memory: np.ndarray | None = None):
         super().__init__(buft, size, usage)
-        try:
-            self.data = aligned_empty(max(size, 1), buft.alignment)[:size]
-        except MemoryError as e:
-            raise GGXOutOfMemory(f"{buft.name}: cannot allocate {size} bytes") from e
+        if memory is None:
+            memory = alloc_host_memory(buft, size)
+        elif memory.dtype != np.uint8 or memory.ndim != 1 or memory.size != size:
+            raise GGXShapeError(f"{buft.name}: a host buffer of {size} bytes wraps a 1-D uint8 array of as many "
+                                f"bytes, not {memory.dtype}{list(memory.shape)}")
+        self._memory: np.ndarray | None = memory
+
+    def host_view(self) -> np.ndarray:
+        memory = self._memory
+        if memory is None:
+            raise GGXUnsupported(f"{self.buft.name}: this {self.size}-byte buffer was freed")
+        return memory
+
+    def free(self) -> None:
+        self._memory = None  # views handed out keep their memory alive; nothing new is handed out
+        super().free()
 
     def _span(self, tensor: Tensor, offset: int, size: int) -> tuple[int, int]:
         if offset < 0 or size < 0 or offset + size > tensor.nbytes:
@@ -40,29 +84,30 @@ class HostBuffer(Buffer):
     def set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
         data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         a, b = self._span(tensor, offset, data.size)
-        self.data[a:b] = data
+        self.host_view()[a:b] = data
 
     def get_tensor(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
         size = tensor.nbytes - offset if size is None else size
         a, b = self._span(tensor, offset, size)
-        return self.data[a:b].copy()
+        return self.host_view()[a:b].copy()
 
     def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
         size = tensor.nbytes - offset if size is None else size
         a, b = self._span(tensor, offset, size)
-        self.data[a:b] = value
+        self.host_view()[a:b] = value
 
     def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """A memcpy from any host memory (ggml's cpu buffer cpy_tensor); False for other memory."""
         sbuf = src.data_buffer
-        if not isinstance(sbuf, HostBuffer) or src.nbytes != dst.nbytes:
+        if sbuf is None or not sbuf.buft.is_host or src.nbytes != dst.nbytes:
             return False
         a, b = self._span(dst, 0, dst.nbytes)
         s0 = src.data_offset
-        self.data[a:b] = sbuf.data[s0: s0 + src.nbytes]
+        self.host_view()[a:b] = sbuf.host_view()[s0: s0 + src.nbytes]
         return True
 
     def clear(self, value: int = 0) -> None:
-        self.data[:] = value
+        self.host_view()[:] = value
 
 
 class HostBufferType(BufferType):
@@ -92,7 +137,8 @@ class HostBufferType(BufferType):
 
 
 def tensor_array(t: Tensor) -> np.ndarray:
-    """A numpy view of a tensor in host memory, numpy shape = reversed ne, strides = reversed nb.
+    """A numpy view of a tensor in host memory (any `is_host` buffer type's `host_view`), numpy
+    shape = reversed ne, strides = reversed nb.
 
     Element types give elements; quantized types give blocks (structured dtype), with the last
     axis counting blocks. Writes through the view change the tensor.
@@ -100,12 +146,13 @@ def tensor_array(t: Tensor) -> np.ndarray:
     buf = t.data_buffer
     if buf is None:
         raise GGXUnsupported(f"{t.describe()} has no storage yet")
-    if not isinstance(buf, HostBuffer):
-        raise GGXUnsupported(f"{t.describe()} lives in {buf.buft.name}, which is not numpy-viewable host memory")
+    if not buf.buft.is_host:
+        raise GGXUnsupported(f"{t.describe()} lives in {buf.buft.name}, which is not host memory")
+    memory = buf.host_view()
     dtype = t.type.block_dtype
     shape = (t.ne[3], t.ne[2], t.ne[1], t.ne[0] // t.type.block_size)
     strides = (t.nb[3], t.nb[2], t.nb[1], t.nb[0])
     start = t.data_offset
-    if start + t.nbytes > buf.size:
-        raise GGXShapeError(f"{t.describe()} at offset {start} overruns its {buf.size}-byte buffer")
-    return np.ndarray(shape, dtype, buf.data, start, strides)
+    if start + t.nbytes > memory.size:
+        raise GGXShapeError(f"{t.describe()} at offset {start} overruns its {memory.size}-byte buffer")
+    return np.ndarray(shape, dtype, memory, start, strides)

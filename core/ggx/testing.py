@@ -1,6 +1,6 @@
 """The opt-in pytest plugin: the conformance suite as pytest cases.
 
-    pytest -p ggx.testing --ggx-backend NAME [--ggx-op OP] [--ggx-type TYPE]
+    pytest -p ggx.testing --ggx-backend NAME [--ggx-op OP] [--ggx-type TYPE] [--ggx-buft BUFT]
 
 adds one pytest item per suite item for each `--ggx-backend`, with readable ids::
 
@@ -9,6 +9,9 @@ adds one pytest item per suite item for each `--ggx-backend`, with readable ids:
     ggx-conformance[cpu]::contract:round_trip
 
 Cases the device does not support are reported as skipped ("not supported: ..."), never as passed.
+`--ggx-buft CPU_REPACK` runs the MUL_MAT / MUL_MAT_ID cases with their weights in that extra buffer
+type (ids `ggx-conformance[cpu,CPU_REPACK]::...`). The terminal summary lists the skips per op and
+every tolerance bound of the device's own that a case was judged by (`Device.max_nmse_err`).
 The plugin is deliberately not registered under the `pytest11` entry point: it loads only when
 asked for with `-p ggx.testing` (or `pytest_plugins = ["ggx.testing"]` in a conftest), so it
 never intrudes on unrelated test runs. It also provides the `ggx_device` fixture (the device of
@@ -29,6 +32,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="only cases of this op (repeatable), e.g. MUL_MAT or CONTRACT")
     group.addoption("--ggx-type", action="append", default=[], metavar="TYPE",
                     help="only cases involving this type (repeatable), e.g. q4_0")
+    group.addoption("--ggx-buft", default=None, metavar="BUFT",
+                    help="put the weights of MUL_MAT / MUL_MAT_ID cases in this extra buffer type of the "
+                         "device (e.g. CPU_REPACK); only those cases run")
 
 
 class ConformanceFailure(AssertionError):
@@ -48,6 +54,8 @@ class ConformanceItem(pytest.Item):
 
         r = self.suite.run_item(self.entry)
         self.config.stash.setdefault(_SKIPS, Counter())
+        if r.override is not None:
+            self.config.stash.setdefault(_OVERRIDES, {})[(self.suite.device.name, str(r.override))] = None
         if r.status == SKIP:
             self.config.stash[_SKIPS][(self.suite.device.name, r.op)] += 1
             pytest.skip(r.message)
@@ -80,6 +88,7 @@ class ConformanceSuite(pytest.Collector):
 
 
 _SKIPS = pytest.StashKey[Counter]()
+_OVERRIDES = pytest.StashKey[dict]()  # (device, override as printed) -> None, in run order
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, so they apply to these items too
@@ -87,12 +96,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     from .conformance import Suite
     from .errors import GGXError
 
+    buft = config.getoption("ggx_buft")
     for name in config.getoption("ggx_backend"):
         try:
-            suite = Suite(name)
+            suite = Suite(name, weight_buft=buft)
         except GGXError as e:
-            raise pytest.UsageError(f"--ggx-backend {name}: {e}") from e
-        label = f"ggx-conformance[{name}]"
+            raise pytest.UsageError(f"--ggx-backend {name}" + (f" --ggx-buft {buft}" if buft else "") + f": {e}") from e
+        label = f"ggx-conformance[{name}{',' + suite.weight_buft.name if buft else ''}]"
         col = ConformanceSuite.from_parent(session, name=label, nodeid=label, suite=suite,
                                            ops=config.getoption("ggx_op"), types=config.getoption("ggx_type"))
         items.extend(col.collect())
@@ -104,6 +114,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.section("ggx conformance: skipped (not supported)")
         for (device, op), n in sorted(skips.items()):
             terminalreporter.write_line(f"{device}: {op} {n}")
+    overrides = config.stash.get(_OVERRIDES, None)
+    if overrides:
+        terminalreporter.section("ggx conformance: tolerance overrides (the device's own bounds)")
+        for device, override in overrides:
+            terminalreporter.write_line(f"{device}: {override}")
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import numpy as np
 from ggx.host import tensor_array
 from ggx.ops import Op
 from ggx.reference import RefBackend, RefDevice
+from ggx.types import GType
 
 
 class BrokenBackend(RefBackend):
@@ -28,13 +29,13 @@ class BrokenBackend(RefBackend):
             elif fault == "overrun":  # write 4 bytes past the end of the output
                 buf = out.data_buffer
                 end = out.data_offset + out.nbytes
-                buf.data[end: end + 4] = 0
+                buf.host_view()[end: end + 4] = 0
             elif fault == "unwritten":
                 buf = out.data_buffer
-                buf.data[out.data_offset: out.data_offset + out.nbytes] = 0xFF
+                buf.host_view()[out.data_offset: out.data_offset + out.nbytes] = 0xFF
             elif fault == "clobber_input":
                 src = node.src[0].root
-                src.data_buffer.data[src.data_offset] ^= 0xFF
+                src.data_buffer.host_view()[src.data_offset] ^= 0xFF
 
 
 class BrokenDevice(RefDevice):
@@ -52,3 +53,34 @@ class BrokenDevice(RefDevice):
 
     def init_backend(self, **params) -> BrokenBackend:
         return BrokenBackend(self)
+
+
+class LowPrecisionBackend(RefBackend):
+    """The reference backend, keeping only BF16's 8 mantissa bits of `round_ops` results (as a
+    device accumulating in low precision would)."""
+
+    def graph_compute(self, graph) -> None:
+        super().graph_compute(graph)
+        for node in graph.nodes:
+            if node.op in self.device.round_ops and node.type is GType.F32:
+                arr = tensor_array(node)
+                arr[...] = (arr.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+class LowPrecisionDevice(RefDevice):
+    """A device declaring its own NMSE bounds: `bounds` maps (Op, GType) to the answer of
+    max_nmse_err; `asked` records every question."""
+
+    def __init__(self, round_ops=(), bounds=None, name: str = "lowp"):
+        super().__init__()
+        self.name = name
+        self.round_ops = frozenset(round_ops)
+        self.bounds = dict(bounds or {})
+        self.asked: list[tuple] = []
+
+    def max_nmse_err(self, op, gtype, default):
+        self.asked.append((op, gtype, default))
+        return self.bounds.get((op, gtype))
+
+    def init_backend(self, **params) -> LowPrecisionBackend:
+        return LowPrecisionBackend(self)

@@ -10,9 +10,10 @@ from sched_device import TestDevice
 
 from ggx import cli, registry
 from ggx.conformance import PASS, Suite, golden_cases, op_cases
+from ggx.conformance.contract import CHECKS
 from ggx.ops import Op
 
-N_ITEMS = len(op_cases()) + len(golden_cases()) + 12  # 12 contract checks
+N_ITEMS = len(op_cases()) + len(golden_cases()) + len(CHECKS)
 
 
 def _failures(report) -> str:
@@ -62,7 +63,7 @@ def broken_registered():
 def test_cli_eval_ok_and_failing(capsys, broken_registered):
     assert cli.main(["test-ops", "-b", "ref", "-o", "SCALE,CONTRACT"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1] == "18 passed, 0 failed, 0 skipped"
+    assert lines[-1] == f"ref (reference (numpy, float64)): {6 + len(CHECKS)} passed, 0 failed, 0 skipped"
     assert cli.main(["test-ops", "-b", "broken", "-o", "SCALE", "-o", "ADD"]) == 1
     out = capsys.readouterr().out
     assert out.count("FAIL SCALE(") == 6 and out.strip().splitlines()[-1].endswith("6 failed, 0 skipped")
@@ -76,7 +77,8 @@ def test_cli_lists_skips_per_op_and_rejects_bad_filters(capsys):
         assert cli.main(["test-ops", "-b", "sched-cli", "-o", "ADD,SCALE"]) == 0
         out = capsys.readouterr().out
         assert "skipped (not supported): SCALE 6" in out
-        assert out.strip().splitlines()[-1] == "17 passed, 0 failed, 6 skipped"  # 14 ADD cases + 3 of ggml
+        assert out.strip().splitlines()[-1] == (
+            "sched-cli (scheduler test device (reference kernels)): 17 passed, 0 failed, 6 skipped")  # 14 ADD + 3 ggml
         assert cli.main(["test-ops", "-b", "sched-cli", "-o", "NO_SUCH_OP"]) == 2
         assert cli.main(["test-ops", "-b", "sched-cli", "-t", "q9_9"]) == 2
     finally:
@@ -105,9 +107,48 @@ def test_pytest_plugin_runs_cases_with_readable_ids(tmp_path):
     assert "ggx-conformance[ref]::TOP_K(ne=[37,4],k=5) PASSED" in r.stdout
     assert "ggx-conformance[ref]::TOP_K(ggml=top_k_5_37x4) PASSED" in r.stdout
     assert "ggx-conformance[ref]::contract:round_trip PASSED" in r.stdout
-    assert "18 passed" in r.stdout  # 5 TOP_K cases, 1 of ggml, 12 contract checks
+    assert f"{6 + len(CHECKS)} passed" in r.stdout  # 5 TOP_K cases, 1 of ggml, the contract checks
 
 
 def test_pytest_plugin_is_opt_in(tmp_path):
     r = _pytest("--ggx-backend", "ref", cwd=tmp_path)
     assert r.returncode != 0 and "unrecognized arguments: --ggx-backend" in r.stderr
+
+
+TEST_DEVICES = '''
+import sys
+sys.path.insert(0, {here!r})
+from broken_device import LowPrecisionDevice
+from extra_buft_device import XorDevice
+from ggx import registry
+from ggx.backend import BackendReg
+from ggx.ops import Op
+from ggx.types import GType
+
+class Reg(BackendReg):
+    name = "testdevs"
+    def devices(self):
+        return [XorDevice(), LowPrecisionDevice({{Op.ADD}}, {{(Op.ADD, GType.F32): (1e-4, "accumulates in BF16")}})]
+
+registry.register(Reg(), name="testdevs")
+'''
+
+
+def test_pytest_plugin_weight_buft_mode_and_tolerance_overrides(tmp_path):
+    from pathlib import Path
+
+    (tmp_path / "conftest.py").write_text(TEST_DEVICES.format(here=str(Path(__file__).parent)))
+    r = _pytest("-p", "ggx.testing", "--ggx-backend", "xor-test", "--ggx-buft", "XOR_TEST", "--ggx-type", "f32",
+                "-v", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ggx-conformance[xor-test,XOR_TEST]::MUL_MAT(type_a=f32,type_b=f32,m=16,n=1,k=256) PASSED" in r.stdout
+    assert "ggx-conformance[xor-test,XOR_TEST]::MUL_MAT_ID(" in r.stdout and "SKIPPED" in r.stdout
+    assert "contract:" not in r.stdout and "ADD(" not in r.stdout
+
+    r = _pytest("-p", "ggx.testing", "--ggx-backend", "xor-test", "--ggx-buft", "NOPE", cwd=tmp_path)
+    assert r.returncode != 0 and "its extra buffer types: XOR_TEST" in r.stderr
+
+    r = _pytest("-p", "ggx.testing", "--ggx-backend", "lowp", "--ggx-op", "ADD", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ggx conformance: tolerance overrides" in r.stdout
+    assert "lowp: ADD f32: 1e-07 -> 0.0001 (accumulates in BF16)" in r.stdout

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ggx.compute import get_tensor_data
 from ggx.conformance.case import Builder
 from ggx.conformance.harness import check_guards, prepare, unsupported_nodes
 from ggx.errors import GGXShapeError
 from ggx.graph import build_graph
 from ggx.ops import GeluKind, GluKind, RopeMode, SortOrder
 from ggx.reference import RefBackendReg
+from ggx.tensor_data import get_tensor_data
 from ggx.types import GType
 
 EXAMPLES = 60
@@ -218,7 +218,7 @@ def compute_on_ref(b: Builder) -> None:
     graph = build_graph(b.out)
     missing = unsupported_nodes(REF, graph)
     assert not missing, f"the builder accepted {missing[0].describe()} but the reference does not support it"
-    graph, placement = prepare(REF, b, graph)
+    graph, placement = prepare(REF, b.out, b.inputs, graph)
     BACKEND.graph_compute(graph)
     BACKEND.synchronize()
     assert not check_guards(placement)

@@ -104,7 +104,9 @@ def test_unsupported_is_skipped_and_listed_per_op():
     assert report.skipped_by_op() == {"ROPE": len(select(op_cases(), ["ROPE"]))}
     assert report.count(PASS) == len(select(op_cases(), ["SCALE"]))
     assert all(r.message.startswith("not supported: ROPE") for r in report.results if r.status == SKIP)
-    assert report.summary() == f"{report.count(PASS)} passed, 0 failed, {report.count(SKIP)} skipped"
+    counts = f"{report.count(PASS)} passed, 0 failed, {report.count(SKIP)} skipped"
+    assert report.summary() == f"broken (reference (numpy, float64)): {counts}"  # names the device it tested
+    assert report.details() == [f"broken: skipped (not supported): ROPE {report.count(SKIP)}"]
 
 
 def test_golden_cases_hold_a_backend_to_ggml_not_to_the_reference():

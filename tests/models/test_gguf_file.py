@@ -251,3 +251,77 @@ def test_invalid_utf8_token_is_a_format_error(tiny_llama, tmp_path):
     p.write_bytes(bytes(bad))
     with pytest.raises(GGXFormatError, match="element 0 of value of 'tokenizer.ggml.tokens' is not valid UTF-8"):
         GGUFFile(p)
+
+
+def _patched(src: Path, dst: Path, key: str, fmt: str, value) -> Path:
+    """A copy of `src` with the value of metadata `key` (of struct format `fmt`) replaced."""
+    raw = bytearray(src.read_bytes())
+    k = key.encode()
+    at = raw.find(struct.pack("<Q", len(k)) + k)
+    assert at > 0, key
+    at += 8 + len(k) + 4  # length, key, value type
+    raw[at:at + struct.calcsize(fmt)] = struct.pack(fmt, value)
+    dst.write_bytes(bytes(raw))
+    return dst
+
+
+@pytest.mark.parametrize("key, fmt, value, match", [
+    ("llama.attention.layer_norm_rms_epsilon", "<f", float("nan"), "epsilon"),
+    ("llama.attention.layer_norm_rms_epsilon", "<f", -1e-5, "epsilon"),
+    ("llama.attention.layer_norm_rms_epsilon", "<f", float("inf"), "epsilon"),
+    ("llama.rope.freq_base", "<f", 0.0, "RoPE base"),
+    ("llama.rope.freq_base", "<f", float("nan"), "RoPE base"),
+    ("llama.rope.freq_base", "<f", -10000.0, "RoPE base"),
+    ("llama.rope.freq_base", "<f", float("inf"), "RoPE base"),
+    ("llama.rope.dimension_count", "<I", 0, "at least 1"),
+    ("llama.rope.dimension_count", "<I", 7, "even"),
+    ("llama.rope.dimension_count", "<I", 32, "head size 16"),
+    ("llama.context_length", "<I", 0, "at least 1"),
+    ("llama.attention.head_count", "<I", 5, "not a multiple of llama.attention.head_count 5"),
+    ("llama.attention.head_count", "<I", 0, "at least 1"),
+    ("llama.attention.head_count_kv", "<I", 3, "not a multiple of llama.attention.head_count_kv 3"),
+    ("llama.embedding_length", "<I", 0, "at least 1"),
+    ("llama.feed_forward_length", "<I", 0, "at least 1"),
+])
+def test_values_that_would_compute_garbage_are_refused(tiny_llama, tmp_path, key, fmt, value, match):
+    p = _patched(tiny_llama, tmp_path / "bad.gguf", key, fmt, value)
+    with pytest.raises(GGXFormatError, match=match) as e:
+        _load_all(p)
+    assert key in str(e.value)
+
+
+def _with_tensor_field(src: Path, dst: Path, name: str, field: str, value: int) -> Path:
+    """A copy of `src` with the type id or the data offset of tensor `name` replaced."""
+    raw = bytearray(src.read_bytes())
+    at = _tensor_info_offset(bytes(raw), name) + 8 + len(name)
+    n_dims = struct.unpack_from("<I", raw, at)[0]
+    at += 4 + 8 * n_dims + (0 if field == "type" else 4)
+    fmt = "<I" if field == "type" else "<Q"
+    raw[at:at + struct.calcsize(fmt)] = struct.pack(fmt, value)
+    dst.write_bytes(bytes(raw))
+    return dst
+
+
+def _offset_of(path: Path, name: str) -> int:
+    f = GGUFFile(path)
+    return f.tensor(name).offset - min(t.offset for t in f.tensors.values())
+
+
+def test_overlapping_tensor_data_is_refused(tiny_llama, tmp_path):
+    first = _offset_of(tiny_llama, "blk.0.attn_norm.weight")
+    p = _with_tensor_field(tiny_llama, tmp_path / "overlap.gguf", "blk.0.attn_q.weight", "offset", first)
+    with pytest.raises(GGXFormatError, match=r"'blk.0.attn_q.weight': data offset \d+, expected \d+ where "
+                                             r"'blk.0.attn_norm.weight' \(F32\[64\], 256 bytes\) ends"):
+        GGUFFile(p)
+
+
+def test_a_type_that_does_not_match_the_bytes_is_refused(tiny_llama, tmp_path):
+    assert GGUFFile(tiny_llama).tensor("blk.0.attn_q.weight").type is GType.Q4_1
+    p = _with_tensor_field(tiny_llama, tmp_path / "q40.gguf", "blk.0.attn_q.weight", "type", GType.Q4_0.ggml_id)
+    with pytest.raises(GGXFormatError, match=r"'blk.0.attn_k.weight'.* where 'blk.0.attn_q.weight' \(Q4_0"):
+        GGUFFile(p)
+    last = list(GGUFFile(tiny_llama).tensors)[-1]
+    assert GGUFFile(tiny_llama).tensor(last).type is GType.F32
+    p = _with_tensor_field(tiny_llama, tmp_path / "f16.gguf", last, "type", GType.F16.ggml_id)
+    with pytest.raises(GGXFormatError, match=rf"128 bytes follow the data of the last tensor, where '{last}' \(F16"):
+        GGUFFile(p)

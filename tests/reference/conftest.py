@@ -29,7 +29,7 @@ def raw_input(t: Tensor, value: np.ndarray) -> np.ndarray:
 def _raw_bytes(t: Tensor) -> np.ndarray:
     """A copy of all the bytes of t's root storage."""
     root = t.root
-    return root.buffer.data[root.offset: root.offset + root.nbytes].copy()
+    return root.buffer.host_view()[root.offset: root.offset + root.nbytes].copy()
 
 
 def _run_on_ref(outputs: Sequence[Tensor] | Tensor, inputs: Mapping[Tensor, np.ndarray]) -> list[np.ndarray]:

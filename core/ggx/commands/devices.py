@@ -36,16 +36,17 @@ def _buft(buft: Any) -> dict[str, Any]:
 
 
 def _short(value: Any, limit: int = 40) -> str:
-    """A feature value for the table: long lists are summarized (`--json` keeps them whole)."""
+    """A feature value for the table: long lists are summarized (`--json` keeps them whole);
+    other values are shown whole (the table wraps them)."""
     text = str(value)
-    if len(text) <= limit:
-        return text
-    return f"[{len(value)} items]" if isinstance(value, list | tuple | set | frozenset) else text[:limit] + "…"
+    if len(text) > limit and isinstance(value, list | tuple | set | frozenset):
+        return f"[{len(value)} items]"
+    return text
 
 
-def _features(device: Any) -> dict[str, Any] | None:
+def _features(device: Any, reg: Any) -> dict[str, Any] | None:
     """The "get_features" capability of the device (if it has get_proc_address) or of its reg."""
-    for owner in (device, device.reg):
+    for owner in (device, reg):
         lookup = getattr(owner, "get_proc_address", None)
         fn = lookup("get_features") if lookup is not None else None
         if fn is not None:
@@ -71,6 +72,7 @@ def _device(device: Any) -> dict[str, Any]:
             return default
 
     plugin = registry.device_plugin(device)
+    reg = registry.reg_of(device)
     memory = safe("memory()", device.memory)
     host = safe("host_buffer_type()", device.host_buffer_type)
     return {
@@ -78,20 +80,21 @@ def _device(device: Any) -> dict[str, Any]:
         "type": DeviceType(device.type).name,
         "description": device.description,
         "plugin": plugin.name if plugin else None,
-        "backend": device.reg.name if device.reg is not None else None,
+        "backend": reg.name if reg is not None else None,
         "memory": {"free": int(memory[0]), "total": int(memory[1])} if memory else None,
         "buffer_types": [b for b in [safe("buffer_type()", lambda: _buft(device.buffer_type()))] if b],
         "host_buffer_type": safe("host_buffer_type()", lambda: _buft(host)) if host is not None else None,
         "extra_buffer_types": safe("extra buffer types",
                                    lambda: [_buft(b) for b in registry.extra_buffer_types(device)], []),
-        "features": safe("get_features", lambda: _features(device)),
+        "features": safe("get_features", lambda: _features(device, reg)),
         "errors": errors,
     }
 
 
 def collect() -> dict[str, Any]:
     """Everything `ggx devices` shows, as plain data (loads plugins)."""
-    from .. import __version__, registry
+    from .. import registry
+    from .._version import __version__
     from ..backend import API_VERSION
 
     devs = [_device(d) for d in registry.devices()]
@@ -99,7 +102,8 @@ def collect() -> dict[str, Any]:
         "ggx_version": __version__,
         "api_version": API_VERSION,
         "plugins": [{"name": p.name, "distribution": p.distribution, "version": p.version, "status": p.status,
-                     "source": p.source, "backend": p.reg.name if p.reg is not None else None, "reason": p.reason}
+                     "source": p.source, "backend": p.reg.name if p.reg is not None else None,
+                     "reason": p.reason or (p.reg.note if p.reg is not None else "")}
                     for p in registry.plugins()],
         "devices": devs,
         "failures": [{"name": f.name, "distribution": f.distribution, "version": f.version, "reason": f.reason,
@@ -113,12 +117,15 @@ def _gib(memory: dict[str, int] | None) -> str:
     return f"{memory['free'] / GIB:.1f} / {memory['total'] / GIB:.1f}"
 
 
-def _render(report: dict[str, Any], verbose: bool) -> None:
+def render(report: dict[str, Any], verbose: bool, console: Any = None) -> None:
+    """Print `report` (from `collect`) as text on `console` (a rich Console; default: stdout,
+    as wide as the terminal). Written to read well at 80 columns."""
     from rich.console import Console
     from rich.markup import escape as esc
+    from rich.padding import Padding
     from rich.table import Table
 
-    console = Console(highlight=False)
+    console = console or Console(highlight=False)
     console.print(f"ggx {report['ggx_version']} (core API version {report['api_version']})")
 
     t = Table(title="Plugins", title_justify="left")
@@ -127,34 +134,32 @@ def _render(report: dict[str, Any], verbose: bool) -> None:
     style = {"loaded": "green", "failed": "red", "disabled": "yellow"}
     for p in report["plugins"]:
         status = f"[{style.get(p['status'], '')}]{p['status']}[/]"
-        if p["status"] == "disabled":
+        if p["reason"] and p["status"] != "failed":
             status += f" ({esc(p['reason'])})"
         t.add_row(esc(p["name"]), esc(p["distribution"] or "-"), esc(p["version"] or "-"), p["source"], status)
     console.print(t)
 
-    t = Table(title="Devices (in order of preference)", title_justify="left")
-    for col in ("name", "type", "plugin"):
-        t.add_column(col, no_wrap=True)
-    t.add_column("description")
-    t.add_column("GiB free / total")
-    t.add_column("buffer types")
-    t.add_column("extra buffer types")
-    for d in report["devices"]:
+    # One block per device (a label column, a value column that wraps) rather than one table
+    # row: seven columns cannot fit 80 characters without cutting descriptions and features.
+    console.print("Devices (in order of preference)" if report["devices"] else "No devices.", style="italic")
+    for i, d in enumerate(report["devices"], 1):
+        backend = f", backend {esc(d['backend'])}" if d["backend"] and d["backend"] != d["plugin"] else ""
+        console.print(f"{i}. [bold]{esc(d['name'])}[/]  (type {d['type']}, plugin {esc(d['plugin'] or '-')}{backend})")
+        rows = Table.grid(padding=(0, 2))
+        rows.add_column(no_wrap=True, style="dim")
+        rows.add_column(overflow="fold")
         bufts = [b["name"] for b in d["buffer_types"]]
         if d["host_buffer_type"]:
             bufts.append(f"{d['host_buffer_type']['name']} (host)")
-        extra = ", ".join(b["name"] for b in d["extra_buffer_types"]) or "-"
-        desc = esc(d["description"])
-        if d["features"]:
-            desc += "\n" + esc(" ".join(f"{k}={_short(v)}" for k, v in d["features"].items()))
-        if d["errors"]:
-            desc += "\n[red]" + esc("\n".join(d["errors"])) + "[/]"
-        t.add_row(esc(d["name"]), d["type"], esc(d["plugin"] or "-"), desc, _gib(d["memory"]),
-                  esc(", ".join(bufts) or "-"), esc(extra))
-    if report["devices"]:
-        console.print(t)
-    else:
-        console.print("No devices.")
+        rows.add_row("description", esc(d["description"]))
+        rows.add_row("memory", f"{_gib(d['memory'])} GiB free / total")
+        rows.add_row("buffer types", esc(", ".join(bufts) or "-"))
+        rows.add_row("extra buffer types", esc(", ".join(b["name"] for b in d["extra_buffer_types"]) or "-"))
+        for k, (key, value) in enumerate((d["features"] or {}).items()):
+            rows.add_row("features" if k == 0 else "", esc(f"{key}={_short(value)}"))
+        for error in d["errors"]:
+            rows.add_row("[red]error[/]", f"[red]{esc(error)}[/]")
+        console.print(Padding(rows, (0, 0, 0, 3), expand=False))
 
     if report["failures"]:
         t = Table(title="Failed plugins", title_justify="left")
@@ -177,5 +182,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        _render(report, args.verbose)
+        render(report, args.verbose)
     return 0

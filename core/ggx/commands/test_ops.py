@@ -1,10 +1,13 @@
 """`ggx test-ops`: the conformance suite from the command line (ggml's test-backend-ops).
 
-    ggx test-ops [-b BACKEND]... [-o OP]... [-t TYPE]... [--mode eval|perf|support]
+    ggx test-ops [-b BACKEND]... [-o OP]... [-t TYPE]... [--buft BUFT] [--mode eval|perf|support]
 
 eval (default): runs op cases, ggml's golden outputs and contract checks; prints one line per
-failure, the skipped ("not supported") cases per op, and closes with
-`N passed, N failed, N skipped`; the exit status is 1 when anything failed.
+failure, the skipped ("not supported") cases per op, the device's own tolerance bounds where they
+differ from the core table, and closes with `DEVICE (description): N passed, N failed, N skipped`
+per device; the exit status is 1 when anything failed.
+--buft NAME: only the MUL_MAT / MUL_MAT_ID cases, their weights in that extra buffer type of the
+device (e.g. CPU_REPACK); an unknown name lists the device's extra buffer types.
 perf: times the perf cases, GFLOPS or GB/s per case; with two -b, both side by side and their ratio.
 support: the op x type matrix of what each backend's supports_op accepts.
 Without -b, every device except the reference runs (the reference alone when it is the only one).
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from .argtypes import finite_float
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,8 +30,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="only this op, e.g. MUL_MAT, GELU_ERF, CONTRACT (repeatable, or comma-separated)")
     p.add_argument("-t", "--type", action="append", default=[], metavar="TYPE",
                    help="only cases involving this type, e.g. q4_0 (repeatable, or comma-separated)")
+    p.add_argument("--buft", metavar="BUFT",
+                   help="put the weights of MUL_MAT / MUL_MAT_ID cases in this extra buffer type of the device "
+                        "(e.g. CPU_REPACK); only those cases run")
     p.add_argument("--mode", choices=("eval", "perf", "support"), default="eval")
-    p.add_argument("--min-time", type=float, default=0.25, metavar="S", help="perf: seconds to time each case")
+    p.add_argument("--min-time", type=finite_float(0.0, low_open=True), default=0.25, metavar="S",
+                   help="perf: seconds to time each case")
     p.add_argument("-v", "--verbose", action="store_true", help="eval: also print passing and skipped cases")
     p.set_defaults(func=run)
 
@@ -58,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..conformance import Suite
+    from ..errors import GGXError
     from ..types import GType
 
     ops, types = _split(args.op), _split(args.type)
@@ -66,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    suites = [Suite(d) for d in _devices(args.backend)]
+    devices = _devices(args.backend)  # an unknown device is a GGXError: the CLI prints it
+    try:
+        suites = [Suite(d, weight_buft=args.buft) for d in devices]
+    except GGXError as e:
+        print(f"error: --buft {args.buft}: {e}", file=sys.stderr)
+        return 2
     out, err = Console(highlight=False), Console(stderr=True, highlight=False)
     if args.mode == "perf":
         return _perf(suites, ops, types, args.min_time, out, err)
@@ -78,23 +93,23 @@ def run(args: argparse.Namespace) -> int:
 def _eval(suites, ops, types, verbose: bool, out, err) -> int:
     from rich.markup import escape
 
-    from ..conformance.runner import FAIL, PASS, Report
+    from ..conformance.runner import FAIL, PASS, SKIP, Report
 
     totals: list[Report] = []
     for suite in suites:
         items = suite.items(ops or None, types or None)
         if not items:
-            err.print(f"no cases match -o {','.join(ops) or '*'} -t {','.join(t.name for t in types) or '*'}")
+            err.print(f"error: no cases match -o {','.join(ops) or '*'} -t {','.join(t.name for t in types) or '*'}")
             return 2
         bar = _progress(err, len(items), f"{suite.device.name}")
         task = bar.add_task("run", total=len(items)) if bar is not None else None
 
         def show(r, bar=bar, task=task):
             if r.status == FAIL:
-                out.print(f"[red]FAIL[/] {escape(r.id)}: {escape(r.message)}")
+                out.print(f"[red]FAIL[/] {escape(r.id)}: {escape(r.message)}", soft_wrap=True)
             elif verbose:
                 tag = "[green]ok[/]  " if r.status == PASS else "[yellow]skip[/]"
-                out.print(f"{tag} {escape(r.id)}" + (f": {escape(r.message)}" if r.message else ""))
+                out.print(f"{tag} {escape(r.id)}" + (f": {escape(r.message)}" if r.message else ""), soft_wrap=True)
             if bar is not None:
                 bar.advance(task)
 
@@ -103,15 +118,14 @@ def _eval(suites, ops, types, verbose: bool, out, err) -> int:
                 report = suite.run(items, show)
         else:
             report = suite.run(items, show)
-        skipped = report.skipped_by_op()
-        if skipped:
-            listed = ", ".join(f"{op} {n}" for op, n in sorted(skipped.items()))
-            out.print(f"{escape(suite.device.name)}: skipped (not supported): {escape(listed)}")
-        if len(suites) > 1:
-            out.print(f"{escape(suite.device.name)}: {report.summary()}")
+        for line in report.details():
+            out.print(escape(line), soft_wrap=True)
+        out.print(escape(report.summary()), soft_wrap=True)
         totals.append(report)
-    passed, failed, skipped_n = (sum(r.count(s) for r in totals) for s in (PASS, FAIL, "skip"))
-    out.print(f"{passed} passed, {failed} failed, {skipped_n} skipped")
+    failed = sum(r.count(FAIL) for r in totals)
+    if len(totals) > 1:
+        passed, skipped = (sum(r.count(s) for r in totals) for s in (PASS, SKIP))
+        out.print(f"all: {passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
 
@@ -122,12 +136,12 @@ def _perf(suites, ops, types, min_time: float, out, err) -> int:
     from ..conformance import perf_cases, select
     from ..conformance.runner import FAIL, PASS
 
-    cases = select(perf_cases(), ops or None, types or None)
+    cases = suites[0].applicable(select(perf_cases(), ops or None, types or None))
     if not cases:
-        err.print("no perf cases match")
+        err.print("error: no perf cases match")
         return 2
     if len(suites) > 2:
-        err.print("perf compares at most two backends")
+        err.print("error: perf compares at most two backends")
         return 2
     table = Table(title="perf", title_justify="left")
     table.add_column("case")
@@ -171,9 +185,9 @@ def _support(suites, ops, types, out) -> int:
 
     cases = select(op_cases() + golden_cases(), ops or None, types or None)
     for s in suites:
-        matrix = s.support(cases)
+        matrix = s.support(s.applicable(cases))
         cols = sorted({t for row in matrix.values() for t in row}, key=_type_order)
-        table = Table(title=f"{s.device.name}: supports_op over the suite's cases", title_justify="left")
+        table = Table(title=f"{s.label}: supports_op over the suite's cases", title_justify="left")
         table.add_column("op")
         for t in cols:
             table.add_column(t.lower().replace("_k", "_K"), justify="center")

@@ -6,7 +6,7 @@ variables, a `build` function that creates the graph in a fresh `Context` throug
 accepted, with the reason for that number). Building the same case twice gives the same data:
 the random generator is seeded from the case name.
 
-Input data is kept as the raw bytes ggml would store (`ggx.compute.to_raw`), so the backend
+Input data is kept as the raw bytes ggml would store (`ggx.tensor_data.to_raw`), so the backend
 under test and the oracle read bit-identical inputs, quantized weights included.
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..compute import to_raw
 from ..errors import GGXError
 from ..graph import Context
 from ..ops import Op
 from ..tensor import Tensor
+from ..tensor_data import to_raw
 from ..types import GType
 
 

@@ -217,6 +217,18 @@ def unary_cases() -> Iterator[OpCase]:
                 return b.ctx.silu(a) if kind is None else b.ctx.gelu(a, kind)
             view = {"view": ne} if ne == "row_strided" else {"ne": ne}
             yield case(op, build, (F32,), label=label, **view)
+        def build_special(b: Builder, kind=kind):
+            x = b.rng.uniform(-6.0, 6.0, (3, 37)).astype(np.float32)
+            x[0, :len(SPECIAL_VALUES)] = SPECIAL_VALUES
+            a = b.leaf(F32, (37, 3), "a", x)
+            return b.ctx.silu(a) if kind is None else b.ctx.gelu(a, kind)
+        yield case(op, build_special, (F32,), label=label, ne=(37, 3), values="special")
+
+
+#: inf, NaN and large values (within F16 range: ggml's CPU GELU_QUICK reads an F16 table, where
+#: larger values are infinite) for the unary ops: both sides follow IEEE arithmetic through
+#: ggml's formulas, e.g. silu(-inf) = -inf / (1 + inf) = NaN, gelu(-inf) = 0 (its clamp at -10)
+SPECIAL_VALUES = (np.inf, -np.inf, np.nan, 0.0, 100.0, -100.0, 60000.0, -60000.0)
 
 
 def glu_cases() -> Iterator[OpCase]:
@@ -244,6 +256,14 @@ def norm_cases() -> Iterator[OpCase]:
         def build_view(b: Builder, fn=fn):
             return getattr(b.ctx, fn)(b.row_strided(F32, (576, 4), "a"), 1e-5)
         yield case(op, build_view, (F32,), ne=(576, 4), eps=1e-5, view="row_strided")
+        # eps 0 over a zero row and a constant row, and a row holding inf: ggml scales by
+        # 1/sqrtf(mean + eps) (ops.cpp, ggml_compute_forward_rms_norm_f32 / norm_f32), so a zero
+        # variance gives 0 * inf = NaN and an inf gives NaN there and 0 * x elsewhere (RMS_NORM)
+        def build_edge(b: Builder, fn=fn):
+            x = b.rng.uniform(-1.0, 3.0, (5, 37)).astype(np.float32)
+            x[0], x[1], x[2, 5] = 0.0, 3.0, np.inf
+            return getattr(b.ctx, fn)(b.leaf(F32, (37, 5), "a", x), 0.0)
+        yield case(op, build_edge, (F32,), ne=(37, 5), eps=0.0, rows="zero,constant,inf")
 
 
 def sum_rows_cases() -> Iterator[OpCase]:
@@ -331,7 +351,7 @@ def mul_mat_id_cases() -> Iterator[OpCase]:
 # ---------------------------------------------------------------------------------------------
 def rope_cases() -> Iterator[OpCase]:
     def rope(mode, head_dim, n_dims, n_head, n_tokens, freq_base=10000.0, freq_scale=1.0, ext_factor=0.0,
-             n_ctx_orig=0, view=False):
+             n_ctx_orig=0, view=False, max_pos=300):
         def build(b: Builder):
             ne = (head_dim, n_head, n_tokens)
             if view:  # heads 1..n_head of a tensor holding n_head + 2 heads (llama.cpp's fused QKV)
@@ -339,12 +359,15 @@ def rope_cases() -> Iterator[OpCase]:
                 a = b.ctx.view(leaf, ne, leaf.nb[1:3], offset=leaf.nb[1])
             else:
                 a = b.uniform(F32, ne, "a")
-            pos = b.ints(I32, (n_tokens,), "pos", b.rng.integers(0, 300, n_tokens))
+            pos = b.ints(I32, (n_tokens,), "pos", b.rng.integers(max_pos - 300, max_pos, n_tokens))
             return b.ctx.rope(a, pos, n_dims, mode, freq_base, freq_scale, n_ctx_orig, ext_factor)
         extra = {"view": "heads"} if view else {}
         if ext_factor:
             extra.update(ext_factor=ext_factor, n_ctx_orig=n_ctx_orig)
-        return case(Op.ROPE, build, (F32,), mode=mode, head_dim=head_dim, n_dims=n_dims, n_head=n_head,
+        if max_pos != 300:
+            extra["max_pos"] = max_pos
+        return case(Op.ROPE, build, (F32,), tol=_ROPE_FAR if max_pos > 300 else None, mode=mode,
+                    head_dim=head_dim, n_dims=n_dims, n_head=n_head,
                     n_tokens=n_tokens, freq_base=freq_base, freq_scale=freq_scale, **extra)
 
     for mode in (RopeMode.NORMAL, RopeMode.NEOX):
@@ -354,6 +377,14 @@ def rope_cases() -> Iterator[OpCase]:
                 yield rope(mode, head_dim, n_dims, 3, 7, freq_base=1e6, freq_scale=0.25)
         yield rope(mode, 64, 32, 3, 7, freq_base=1e5, freq_scale=0.5, view=True)
         yield rope(mode, 128, 128, 2, 4, freq_scale=0.25, ext_factor=1.0, n_ctx_orig=512)
+        # far positions: ggml (and ggx-cpu) compute the angles in float32, the reference exactly
+        yield rope(mode, 128, 128, 2, 6, max_pos=65536)
+        yield rope(mode, 64, 64, 2, 6, freq_base=1e6, max_pos=65536)
+
+
+#: ggml's rope takes theta = (float) pos * theta_scale^i in float32, one multiplication per pair
+#: (ggml_rope_cache_init): the angle error grows with the position, ~pos * 2^-24 radians per step
+_ROPE_FAR = Tolerance(1e-5, "float32 angles pos * theta_scale^i at positions up to 65536, as ggml's")
 
 
 def soft_max_cases() -> Iterator[OpCase]:
@@ -386,6 +417,21 @@ def soft_max_cases() -> Iterator[OpCase]:
     yield sm((32, 8, 4, 1), F16, causal=True)
     yield sm((32, 8, 4, 1), F32, causal=True)
     yield sm((37, 5, 4, 1), F32, mask_heads=4)
+    # a row that is all -inf, one holding +inf, and a row the mask sets to -inf: NaN throughout
+    # those rows, as in ggml (ggml_compute_forward_soft_max_f32: exp(-inf - -inf) and 1/sum
+    # with no guard; only flash attention guards a fully masked row)
+    for mask in (None, F32, F16):
+        def build_edge(b: Builder, mask=mask):
+            x = b.rng.uniform(-4.0, 4.0, (6, 37)).astype(np.float32)
+            x[0], x[1, 3] = -np.inf, np.inf
+            m = None
+            if mask is not None:
+                mv = b.rng.uniform(-1.0, 1.0, (6, 37)).astype(np.float32)
+                mv[2], mv[3, :30] = -np.inf, -np.inf
+                m = b.leaf(mask, (37, 6), "mask", mv)
+            return b.ctx.soft_max(b.leaf(F32, (37, 6), "a", x), m, 0.5)
+        yield case(Op.SOFT_MAX, build_edge, (mask or F32,), ne=(37, 6), mask=mask or "none", scale=0.5,
+                   rows="-inf,+inf" + (",masked" if mask else ""))
 
 
 def flash_attn_cases() -> Iterator[OpCase]:
@@ -426,6 +472,18 @@ def flash_attn_cases() -> Iterator[OpCase]:
     yield fa(128, 3, F16, 5, 40, prec=Prec.F32)
     yield fa(64, 3, F16, 6, 21, views=True)
     yield fa(128, 4, F32, 2, 32, views=True)
+    # a query row whose every key is masked gives zeros: ggml defines it (S == 0 leaves the
+    # output 0: ops.cpp, flash_attn_ext one_chunk, tiled and the reduction of partials)
+    for kv_t, n_tokens in ((F16, 4), (F32, 4), (F16, 64)):
+        def build_masked(b: Builder, kv_t=kv_t, n_tokens=n_tokens):
+            q = b.uniform(F32, (64, n_tokens, 4), "q")
+            k = b.uniform(kv_t, (64, 40, 2), "k")
+            v = b.uniform(kv_t, (64, 40, 2), "v")
+            mv = b.rng.uniform(-1.0, 1.0, (n_tokens, 40)).astype(np.float32)
+            mv[1], mv[2, 7:] = -np.inf, -np.inf
+            return b.ctx.flash_attn_ext(q, k, v, b.leaf(F16, (40, n_tokens), "mask", mv), 0.125)
+        yield case(Op.FLASH_ATTN_EXT, build_masked, (kv_t,), hs=64, gqa=2, type_kv=kv_t, n_head=4,
+                   n_tokens=n_tokens, n_kv=40, rows="masked")
 
 
 def sort_cases() -> Iterator[OpCase]:

@@ -8,14 +8,14 @@ copies, streams, events, errors and determinism.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
-from .. import registry
-from ..backend import Backend, Device, ExtraBufferType
-from ..errors import GGXOutOfMemory, GGXUnsupported
+from ..backend import Backend, BufferType, Device
+from ..errors import GGXError, GGXOutOfMemory, GGXUnsupported
 from ..graph import Context, build_graph
-from ..host import HostBuffer, HostBufferType
+from ..host import HostBufferType
 from ..tensor import Tensor
 from ..types import GType
 from . import cases as C
@@ -69,10 +69,81 @@ def check_alignment(device: Device, backend: Backend) -> str:
     a = buft.alignment
     expect(isinstance(a, int) and a >= 1 and a & (a - 1) == 0, f"alignment {a!r} is not a power of two")
     buf = buft.alloc_buffer(1024)
-    if isinstance(buf, HostBuffer):
-        addr = buf.data.ctypes.data
-        expect(addr % a == 0, f"host buffer data at {addr:#x} is not {a}-byte aligned")
+    if buft.is_host:
+        addr = buf.host_view().ctypes.data
+        expect(addr % a == 0, f"host buffer memory at {addr:#x} is not {a}-byte aligned")
     return f"alignment {a}"
+
+
+def _memory_types(device: Device) -> list[BufferType]:
+    """The device's own buffer type and its pinned host type (the memory the scheduler places
+    tensors in and frees)."""
+    bufts = [device.buffer_type()]
+    host = device.host_buffer_type()
+    if host is not None and host is not bufts[0]:
+        bufts.append(host)
+    return bufts
+
+
+def check_host_view(device: Device, backend: Backend) -> str:
+    """Every `is_host` buffer type's buffers offer `host_view()`: one writable uint8 array of the
+    buffer's `size` bytes, in ggml's layout, that set_tensor and get_tensor agree with (it is
+    what CPU kernels read and write)."""
+    bufts = [b for b in _memory_types(device) + list(device.extra_buffer_types()) if b.is_host]
+    for buft in bufts:
+        ts = _tensors()[:4]
+        placement = place(buft, ts)
+        buf = placement.buffer
+        try:
+            view = buf.host_view()
+        except GGXUnsupported as e:
+            raise ContractFailure(f"{buft.name} is host memory (is_host) but its buffer offers no host_view: "
+                                  f"{e}") from e
+        expect(isinstance(view, np.ndarray) and view.dtype == np.uint8 and view.ndim == 1
+               and view.size == buf.size, f"{buft.name}: host_view() is not a 1-D uint8 array of the buffer's "
+                                         f"{buf.size} bytes")
+        expect(view.flags.writeable, f"{buft.name}: host_view() is read-only")
+        for i, t in enumerate(ts):
+            data = _bytes(t.nbytes, 20 + i)
+            buf.set_tensor(t, data)
+            expect(np.array_equal(view[t.data_offset: t.data_offset + t.nbytes], data),
+                   f"{buft.name}: host_view() at {t.describe()}'s offset differs from what set_tensor wrote")
+        t = ts[0]
+        patch = _bytes(32, 30)
+        buf.host_view()[t.data_offset + 8: t.data_offset + 40] = patch
+        expect(np.array_equal(buf.get_tensor(t, 8, 32), patch), f"{buft.name}: get_tensor does not see a write "
+                                                               "through host_view()")
+    if not bufts:
+        return "no host-memory buffer types"
+    return ", ".join(b.name for b in bufts) + ": host_view agrees with set/get_tensor"
+
+
+def check_free(device: Device, backend: Backend) -> str:
+    """Buffer.free() releases the memory: is_freed is True and every later access raises a
+    GGXError (not a crash, not stale bytes)."""
+    for buft in _memory_types(device):
+        ts = _tensors()[:2]
+        placement = place(buft, ts)
+        buf = placement.buffer
+        expect(not buf.is_freed, f"{buft.name}: a new buffer says is_freed")
+        buf.free()
+        expect(buf.is_freed, f"{buft.name}: is_freed is False after free()")
+        t = ts[0]
+        accesses = {"set_tensor": partial(buf.set_tensor, t, _bytes(t.nbytes)),
+                    "get_tensor": partial(buf.get_tensor, t), "memset_tensor": partial(buf.memset_tensor, t, 0),
+                    "clear": partial(buf.clear, 0)}
+        if buft.is_host:
+            accesses["host_view"] = buf.host_view
+        for name, access in accesses.items():
+            try:
+                access()
+            except GGXError:
+                continue
+            except Exception as e:
+                raise ContractFailure(f"{buft.name}: {name} after free() raised {type(e).__name__} instead of a "
+                                      f"GGXError: {e}") from e
+            raise ContractFailure(f"{buft.name}: {name} after free() did not raise")
+    return ", ".join(b.name for b in _memory_types(device)) + ": every access after free() raises"
 
 
 def check_alloc_size(device: Device, backend: Backend) -> str:
@@ -194,7 +265,7 @@ def check_events(device: Device, backend: Backend) -> str:
     if found is None:
         return "no simple op supported: event ordering not exercised"
     c, b = found
-    graph, _ = prepare(device, b)
+    graph, _ = prepare(device, b.out, b.inputs)
     other = device.init_backend()
     ev = device.event_new()
     backend.graph_compute(graph)
@@ -204,7 +275,7 @@ def check_events(device: Device, backend: Backend) -> str:
     other.synchronize()
     ev.synchronize()
     ref = c.make()
-    ref_graph, _ = prepare(device, ref)
+    ref_graph, _ = prepare(device, ref.out, ref.inputs)
     backend.graph_compute(ref_graph)
     backend.synchronize()
     expect(np.array_equal(got, ref.out.root.buffer.get_tensor(ref.out.root)),
@@ -212,11 +283,13 @@ def check_events(device: Device, backend: Backend) -> str:
     return f"record/wait ordering with {c.name}"
 
 
-def check_write_only(device: Device, backend: Backend) -> str:
-    """Extra buffer types (repack, AMX) are write-only: get_tensor raises GGXUnsupported."""
-    bufts: list[ExtraBufferType] = registry.extra_buffer_types(device) if device.reg is not None else []
+def check_extra_buffer_types(device: Device, backend: Backend) -> str:
+    """A transforming extra buffer type (repack, AMX: `is_host` False) is write-only (get_tensor
+    raises GGXUnsupported) and gives a launch for each op it accepts (no CPU kernel can read
+    its layout). Those keeping ggml's layout in host memory are held to `host_view` instead."""
+    bufts = [b for b in device.extra_buffer_types() if not b.is_host]
     if not bufts:
-        return "no extra (write-only) buffer types on this device"
+        return "no transforming extra buffer types on this device"
     notes = []
     for buft in bufts:
         probed = False
@@ -229,6 +302,8 @@ def check_write_only(device: Device, backend: Backend) -> str:
                 continue
             w.buffer.set_tensor(w, _bytes(w.nbytes, 5) if t.is_quantized else
                                 np.zeros(w.nbytes, np.uint8))
+            expect(callable(buft.prepare_forward(op, 1)), f"extra buffer type {buft.name} accepted "
+                                                          f"{op.describe()} but prepare_forward gave no launch")
             try:
                 w.buffer.get_tensor(w)
             except GGXUnsupported:
@@ -236,7 +311,8 @@ def check_write_only(device: Device, backend: Backend) -> str:
                 break
             raise ContractFailure(f"extra buffer type {buft.name}: get_tensor of {w.describe()} did not raise "
                                   "GGXUnsupported")
-        notes.append(f"{buft.name}: " + ("refuses get_tensor" if probed else "holds none of the probed weights"))
+        notes.append(f"{buft.name}: " + ("write-only, launches what it accepts" if probed
+                                         else "holds none of the probed weights"))
     return "; ".join(notes)
 
 
@@ -251,7 +327,7 @@ def check_unsupported_refused(device: Device, backend: Backend) -> str:
         graph = build_graph(b.out)
         if not unsupported_nodes(device, graph):
             continue
-        graph, _ = prepare(device, b)
+        graph, _ = prepare(device, b.out, b.inputs)
         try:
             backend.graph_compute(graph)
             backend.synchronize()
@@ -287,7 +363,7 @@ def check_deterministic(device: Device, backend: Backend) -> str:
         graph = build_graph(b.out)
         if unsupported_nodes(device, graph):
             continue
-        graph, _ = prepare(device, b)
+        graph, _ = prepare(device, b.out, b.inputs)
         root = b.out.root
         runs = []
         for _ in range(3):
@@ -302,13 +378,15 @@ def check_deterministic(device: Device, backend: Backend) -> str:
 CHECKS: dict[str, Callable[[Device, Backend], str]] = {
     "identity": check_identity,
     "alignment": check_alignment,
+    "host_view": check_host_view,
     "alloc_size": check_alloc_size,
     "round_trip": check_round_trip,
     "memset_clear": check_memset_clear,
+    "free": check_free,
     "cpy_tensor": check_cpy_tensor,
     "async_set_get": check_async,
     "events": check_events,
-    "write_only": check_write_only,
+    "extra_buffer_types": check_extra_buffer_types,
     "unsupported_refused": check_unsupported_refused,
     "memory": check_memory,
     "deterministic": check_deterministic,

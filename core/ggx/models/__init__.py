@@ -6,8 +6,8 @@
 """
 from .gguf_file import GGUFFile, TensorInfo, check_header, read_header
 from .hparams import LlamaHParams
-from .model import GeneratedToken, Model, Stats, default_model_path, load_model
+from .model import STOP_REASONS, GeneratedToken, Model, Stats, default_model_path, load_model
 from .tokenizer import Tokenizer
 
-__all__ = ["GGUFFile", "GeneratedToken", "LlamaHParams", "Model", "Stats", "TensorInfo", "Tokenizer",
+__all__ = ["STOP_REASONS", "GGUFFile", "GeneratedToken", "LlamaHParams", "Model", "Stats", "TensorInfo", "Tokenizer",
            "check_header", "default_model_path", "load_model", "read_header"]

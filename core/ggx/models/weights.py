@@ -6,19 +6,27 @@ the weight from it (ggml's select_buft): mul_mat for matrices, get_rows for the 
 embedding, mul for norms, mul_mat_id for expert stacks. Weights of one buffer type share one
 buffer. The bytes are copied from the memory map with set_tensor, so buffer types that transform
 weights (repack) see the whole tensor at offset 0.
+
+A model split over several devices (`placement.layer_split`) gives each weight its own list:
+`split_bufts` maps a weight to its layer by the `blk.{il}.` of its name, so a layer's weights
+try its device's buffer types, then the host CPU's; the token embedding stays in host memory
+and output_norm / output.weight go with the output layer.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..backend import Buffer, BufferType
+from ..backend import Buffer, BufferType, Device
 from ..graph import Context
-from ..placement import alloc_weights
+from ..placement import LayerSplit, PlacementReport, alloc_weights, select_buft
 from ..tensor import Tensor, TensorFlag
 from ..types import GType
 from .gguf_file import GGUFFile
 from .hparams import LlamaHParams
-from .runner import Runner
 
 #: rows of the dummy activation in the representative op (ggml uses a large batch too, so
 #: extra buffer types that only speed up batched products still qualify)
@@ -57,9 +65,50 @@ def fused_sources(f: GGUFFile, hp: LlamaHParams) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner, progress: bool = False,
-                 host_experts: bool = False, fuse: bool = True) -> tuple[dict[str, Tensor], list[Buffer]]:
-    """Every tensor the graph reads, as leaves in device buffers: (name -> Tensor, buffers).
+_LAYER = re.compile(r"blk\.(\d+)\.")
+
+#: per weight name, the buffer types it may go to, best first
+BuftsOf = Callable[[str], Sequence[BufferType]]
+
+
+def tensor_layer(name: str) -> int | None:
+    """The layer index of a per-layer weight ("blk.{il}.attn_q.weight" -> il), else None."""
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else None
+
+
+def split_bufts(split: LayerSplit, host: Device, bufts_of: Callable[[Device], Sequence[BufferType]]) -> BuftsOf:
+    """The buffer types of each weight under a layer split: `bufts_of(device)` of the device of
+    its layer (`blk.{il}.`), of the host for the token embedding (one get_rows row per token:
+    llama.cpp keeps it on the CPU too), and of the output device for the rest (output_norm,
+    output.weight)."""
+    def of(name: str) -> Sequence[BufferType]:
+        il = tensor_layer(name)
+        if il is not None:
+            return bufts_of(split.layers[il])
+        return bufts_of(host if name == EMBD else split.output)
+    return of
+
+
+@dataclass
+class Weights:
+    """A model's weights in device buffers, and where they went."""
+
+    tensors: dict[str, Tensor]  # name -> leaf; a tied output is the embedding's tensor or its copy
+    buffers: list[Buffer]  # one WEIGHTS buffer per buffer type used
+    placement: PlacementReport
+
+
+def load_weights(f: GGUFFile, hp: LlamaHParams, bufts: Sequence[BufferType] | BuftsOf, host_buft: BufferType,
+                 progress: bool = False, host_experts: bool = False, fuse: bool = True,
+                 candidates: Sequence[BufferType] | None = None) -> Weights:
+    """Every tensor the graph reads, as leaves in device buffers.
+
+    Each weight goes to the first of `bufts` (`ggx.placement.buft_list`) that supports its
+    representative op; `bufts` may instead be a function of the weight's name giving its own
+    list (`split_bufts`: a layer split), and `candidates` then lists every buffer type for the
+    placement report (default: those lists' buffer types in order of first use). `host_buft`
+    is the host memory that `host_experts` keeps expert stacks in.
 
     `fuse` stacks Q, K, V (and gate, up) of a layer into one weight, so one mul_mat replaces
     three (two): each output row is the same dot product of the same quantized activations, so
@@ -85,13 +134,26 @@ def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner, progress: bool =
     weights: dict[str, Tensor] = {}
     placed: list[tuple[Tensor, BufferType]] = []
     placed_in: dict[str, BufferType] = {}
+    refusals: dict[BufferType, str] = {}
+    if callable(bufts):
+        bufts_of: BuftsOf = bufts
+    else:
+        every = list(bufts)
+
+        def bufts_of(name: str) -> Sequence[BufferType]:
+            return every
+
+        candidates = every if candidates is None else candidates
+    seen: list[BufferType] = []  # the candidates met, in order (the report's default)
     for name, ne in shapes.items():
         t = Tensor(f.tensor(sources[name][0]).type, ne, name=name)
         t.flags |= TensorFlag.PARAM
         if host_experts and name.endswith("_exps.weight"):
-            buft = runner.host_buffer_type()
+            buft = host_buft
         else:
-            buft = runner.weight_buffer_type(t, representative_op(t, name, hp))
+            mine = bufts_of(name)
+            seen.extend(b for b in mine if not any(b is s for s in seen))
+            buft = select_buft(t, representative_op(t, name, hp), mine, refusals)
         if name == OUTPUT and hp.tied_output and buft is placed_in[EMBD]:
             weights[OUTPUT] = weights[EMBD]  # same buffer type as the embedding: no copy
             continue
@@ -106,7 +168,7 @@ def load_weights(f: GGUFFile, hp: LlamaHParams, runner: Runner, progress: bool =
             # whole tensors at offset 0 (repacking buffer types transform what they receive)
             t.buffer.set_tensor(t, parts[0] if len(parts) == 1 else np.concatenate(parts), 0)
             advance(t.nbytes)
-    return weights, buffers
+    return Weights(weights, buffers, PlacementReport.of(placed, seen if candidates is None else candidates, refusals))
 
 
 class _progress:

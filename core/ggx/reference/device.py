@@ -6,12 +6,10 @@ backends are checked against.
 """
 from __future__ import annotations
 
-import os
-
 from ..backend import Backend, BackendReg, BufferType, Device, DeviceType
 from ..errors import GGXUnsupported
 from ..graph import Graph
-from ..host import HostBuffer, HostBufferType
+from ..host import HostBufferType, host_memory
 from ..ops import Op
 from ..tensor import Tensor
 from .codec import can_decode, can_encode
@@ -19,20 +17,6 @@ from .ops import OPS, compute_forward
 
 # Ops whose result is written with a type conversion (the others produce F32 or I32).
 _CONVERTING = frozenset({Op.CPY, Op.DUP, Op.CONT, Op.SET_ROWS, Op.GET_ROWS})
-
-
-def _meminfo() -> tuple[int, int]:
-    """(available, total) bytes of RAM from /proc/meminfo, else from sysconf."""
-    try:
-        fields = {}
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                fields[key] = int(rest.split()[0]) * 1024  # values are in kB
-        return fields.get("MemAvailable", fields["MemFree"]), fields["MemTotal"]
-    except (OSError, KeyError, ValueError, IndexError):
-        page = os.sysconf("SC_PAGE_SIZE")
-        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
 class RefDevice(Device):
@@ -47,7 +31,7 @@ class RefDevice(Device):
         self._buft = HostBufferType(self, name="ref")
 
     def memory(self) -> tuple[int, int]:
-        return _meminfo()
+        return host_memory()
 
     def init_backend(self, **params) -> RefBackend:
         if params:
@@ -83,8 +67,9 @@ class RefBackend(Backend):
                 srcs = ", ".join(s.describe() for s in node.src)
                 raise GGXUnsupported(f"ref: {node.op.name} of {srcs} into {node.type.name} is not supported")
             for t in (node, *node.src):
-                if not isinstance(t.data_buffer, HostBuffer):
-                    where = "has no storage" if t.data_buffer is None else f"lives in {t.data_buffer.buft.name}"
+                buf = t.data_buffer
+                if buf is None or not buf.buft.is_host:
+                    where = "has no storage" if buf is None else f"lives in {buf.buft.name}"
                     raise GGXUnsupported(f"ref: {t.describe()} {where}; the ref backend needs host memory")
         for node in work:
             compute_forward(node)
@@ -96,7 +81,7 @@ class RefBackendReg(BackendReg):
     name = "ref"
 
     def __init__(self) -> None:
-        from .. import __version__
+        from .._version import __version__
 
         self.version = __version__
         self._devices = [RefDevice(self)]

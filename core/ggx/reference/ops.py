@@ -72,11 +72,21 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
 
 
 def _softmax_rows(x: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis; a row that is all -inf gives zeros (ggml's S == 0 guard)."""
-    m = np.max(x, axis=-1, keepdims=True)
-    e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
-    s = np.sum(e, axis=-1, keepdims=True)
-    return np.divide(e, s, out=np.zeros_like(e), where=s != 0)
+    """SOFT_MAX over the last axis as ggml computes it: exp(x - max) scaled by 1 / sum. A row that
+    is all -inf (-inf - -inf), or holds +inf or NaN, is NaN throughout, as in ggml's
+    ggml_compute_forward_soft_max_f32 (no guard there)."""
+    m = np.max(x, axis=-1, keepdims=True, initial=-np.inf)
+    e = np.exp(x - m)
+    return e * (1.0 / np.sum(e, axis=-1, keepdims=True))
+
+
+def _attention_weights(s: np.ndarray) -> np.ndarray:
+    """Flash attention's softmax over the keys: keys at -inf are skipped, and a row with every key
+    masked gives zeros (ggml's flash_attn_ext: S == 0 leaves the output 0, in every CPU path)."""
+    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+    e = np.exp(s - np.where(m == -np.inf, 0.0, m))
+    total = np.sum(e, axis=-1, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total != 0)
 
 
 def _broadcast_planes(x: np.ndarray, ne3: int, ne2: int) -> np.ndarray:
@@ -178,15 +188,22 @@ def glu(dst: Tensor) -> None:
     store(dst, act(gate) * up)
 
 
+def _row_mean(x: np.ndarray) -> np.ndarray:
+    """Mean over the last axis as sum / n (an empty row gives NaN without a warning)."""
+    return np.sum(x, axis=-1, keepdims=True) / x.shape[-1]
+
+
 def rms_norm(dst: Tensor) -> None:
+    """x * (1 / sqrt(mean(x^2) + eps)) as ggml scales: a zero row with eps 0 is 0 * inf = NaN."""
     x = decode(dst.src[0])
-    store(dst, x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + dst.params.eps))
+    store(dst, x * (1.0 / np.sqrt(_row_mean(x * x) + dst.params.eps)))
 
 
 def norm(dst: Tensor) -> None:
+    """(x - mean) * (1 / sqrt(var + eps)): a constant row with eps 0 is NaN, as in ggml."""
     x = decode(dst.src[0])
-    d = x - np.mean(x, axis=-1, keepdims=True)
-    store(dst, d / np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + dst.params.eps))
+    d = x - _row_mean(x)
+    store(dst, d * (1.0 / np.sqrt(_row_mean(d * d) + dst.params.eps)))
 
 
 def sum_rows(dst: Tensor) -> None:
@@ -296,7 +313,7 @@ def flash_attn_ext(dst: Tensor) -> None:
     if len(dst.src) > 3:
         mask = decode(dst.src[3])[:, :, : q.ne[1]]
         s = s + alibi_slopes(nh, p.max_bias)[None, :, None, None] * _broadcast_planes(mask, nb, nh)
-    o = _softmax_rows(s) @ vv  # (B, H, T, Dv)
+    o = _attention_weights(s) @ vv  # (B, H, T, Dv)
     store(dst, np.swapaxes(o, 1, 2))  # ggml's output is permuted: [Dv, H, T, B]
 
 

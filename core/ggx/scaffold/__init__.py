@@ -29,18 +29,42 @@ def names(name: str) -> dict[str, str]:
     if not re.fullmatch(r"[a-z][a-z0-9]*([-_][a-z0-9]+)*", base):
         raise GGXError(f"plugin name {name!r}: use letters, digits, '-' or '_', starting with a letter")
     snake = base.replace("-", "_")
-    from .. import __version__
+    from .._version import __version__
 
     return {"device": snake, "dist": "ggx-" + snake.replace("_", "-"), "package": "ggx_" + snake,
             "cls": "".join(p.capitalize() for p in snake.split("_")), "ggx_version": __version__}
 
 
+def taken(subst: dict[str, str]) -> list[str]:
+    """Which names of the new plugin `subst` (see `names`) are already someone's: an installed or
+    built-in plugin's name or distribution, or a device name of a plugin that loaded (the
+    registry would fail the new plugin for any of them)."""
+    from .. import registry
+
+    plugin, dist = registry.normalize_name(subst["device"]), registry.normalize_name(subst["dist"])
+    found = []
+    for p in registry.plugins():
+        if registry.normalize_name(p.name) == plugin:
+            found.append(f"plugin name {subst['device']!r} is taken by {p.describe()}")
+        elif p.distribution and registry.normalize_name(p.distribution) == dist:
+            found.append(f"distribution {subst['dist']!r} is installed ({p.describe()})")
+    for d in registry.devices():
+        if d.name.lower() == subst["device"]:
+            owner = registry.device_plugin(d)
+            found.append(f"device name {d.name!r} is taken by {owner.describe() if owner else 'a device'}")
+    return found
+
+
 def write_plugin(name: str, directory: Path | str = ".") -> Path:
     """Write the package for plugin `name` into `directory`/<distribution name>; returns that path.
 
-    Refuses (GGXError) to write into a directory that exists and is not empty.
+    Refuses (GGXError) a name that collides with an installed or built-in plugin or one of their
+    devices (`taken`), and to write into a directory that exists and is not empty.
     """
     subst = names(name)
+    collisions = taken(subst)
+    if collisions:
+        raise GGXError(f"plugin name {name!r} collides: {'; '.join(collisions)}; choose another name")
     root = Path(directory) / subst["dist"]
     if root.exists() and any(root.iterdir()):
         raise GGXError(f"{root} exists and is not empty; choose another --dir or name")

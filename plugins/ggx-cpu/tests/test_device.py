@@ -1,17 +1,22 @@
-"""The device layer: registration, identity, threads, supports_op, extra buffer types, laziness."""
+"""The device layer: registration, identity, threads, supports_op, extra buffer types, laziness,
+kept launches, profiling."""
 import gc
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
 
 import ggx
+from ggx import registry
 from ggx.backend import API_VERSION, Buffer, DeviceType, ExtraBufferType
-from ggx.errors import GGXShapeError, GGXUnsupported
+from ggx.errors import GGXError, GGXShapeError, GGXUnsupported
 from ggx.host import HostBufferType
 from ggx.types import GType
 from ggx_cpu import device as cpu_device
+from ggx_cpu import sysinfo
+from ggx_cpu.device import CpuDevice
 from ggx_cpu.plugin import backend_reg, ggx_backend_reg
 
 
@@ -24,7 +29,7 @@ def test_registration_and_identity(dev):
     reg = ggx_backend_reg()
     assert reg is backend_reg() and reg.api_version == API_VERSION and reg.name == "CPU"
     assert dev.name == "CPU" and dev.type == DeviceType.CPU and dev.reg is reg
-    assert cpu_device.cpu_model() in dev.description
+    assert sysinfo.cpu_model() in dev.description
     free, total = dev.memory()
     assert 0 < free <= total
     buft = dev.buffer_type()
@@ -38,7 +43,7 @@ def test_entry_point_finds_the_plugin():
 
 def test_set_n_threads_and_features(dev):
     be = dev.init_backend()
-    assert be.n_threads == cpu_device.default_threads()
+    assert be.n_threads == sysinfo.default_threads()
     backend_reg().get_proc_address("set_n_threads")(be, 1)
     assert be.n_threads == 1
     be.get_proc_address("set_n_threads")(2)
@@ -65,45 +70,114 @@ def test_supports_op_by_type(dev):
 
 
 class FakeExtra(ExtraBufferType):
-    """An extra buffer type that 'computes' SCALE by writing a constant, and declines SILU."""
+    """An extra buffer type over plain host memory that accepts SCALE: `launch` is what its
+    prepare_forward gives (None declines); `host` is its is_host."""
 
     name = "FAKE"
 
-    def __init__(self, dev):
+    def __init__(self, dev, launch=None, host=True):
         self._dev = dev
+        self.launch = launch
+        self.host = host
         self.calls = []
 
     @property
     def device(self):
         return self._dev
 
+    @property
+    def is_host(self) -> bool:
+        return self.host
+
     def alloc_buffer(self, size: int) -> Buffer:
-        return HostBufferType(self._dev).alloc_buffer(size)
+        buf = HostBufferType(self._dev).alloc_buffer(size)
+        buf.buft = self  # the same memory, now this buffer type's
+        return buf
 
     def supports_op(self, op) -> bool:
         return op.op is ggx.Op.SCALE
 
-    def compute_forward(self, op, n_threads: int = 1) -> bool:
+    def prepare_forward(self, op, n_threads: int = 1):
         self.calls.append((op.op, n_threads))
-        return False
+        return self.launch
 
 
-def test_extra_buffer_types_are_asked_first(dev, monkeypatch):
-    extra = FakeExtra(dev)
-    monkeypatch.setattr(cpu_device, "extra_buffer_types", lambda device: [extra])
+def _scale_from(dev, extra):
+    """scale(w, 2) with w = [0, 1, ..., 15] in `extra`, the result in host memory."""
     ctx = ggx.Context()
     w = ctx.tensor(GType.F32, (8, 2))
-    host = dev.buffer_type().alloc_buffer(w.nbytes)
-    w.buffer = Buffer.__new__(type(host))
-    w.buffer.__dict__.update(host.__dict__)
-    w.buffer.buft = extra  # the weight now lives in the extra buffer type
-    assert dev.supports_buft(extra)
-    assert dev.supports_op(ctx.scale(w, 2.0)) and not dev.supports_op(ctx.silu(w))
-    be = dev.init_backend(n_threads=1)
+    w.buffer, w.offset = extra.alloc_buffer(w.nbytes), 0
+    w.buffer.set_tensor(w, np.arange(16, dtype=np.float32).view(np.uint8))
     node = ctx.scale(w, 2.0)
     node.buffer, node.offset = dev.buffer_type().alloc_buffer(node.nbytes), 0
-    be.graph_compute(ggx.build_graph(node))  # declined by the extra type: the CPU kernel runs
-    assert extra.calls == [(ggx.Op.SCALE, 1)]
+    node.buffer.clear(0)
+    return w, node
+
+
+def _device_with(monkeypatch, *extras):
+    """A CPU device whose extra buffer types are `extras`."""
+    dev = CpuDevice()
+    monkeypatch.setattr(dev, "extra_buffer_types", lambda: list(extras))
+    return dev
+
+
+def test_extra_buffer_types_are_asked_first(monkeypatch):
+    """A launch from the extra type runs instead of the CPU kernel; an is_host type may decline
+    and let the CPU kernel run."""
+    ran = []
+    extra = FakeExtra(None, launch=lambda: ran.append(True))
+    dev = _device_with(monkeypatch, extra)
+    w, node = _scale_from(dev, extra)
+    assert dev.supports_buft(extra)
+    assert dev.supports_op(node) and dev.supports_op(ggx.Context().silu(w))
+    dev.init_backend(n_threads=1).graph_compute(ggx.build_graph(node))
+    assert extra.calls == [(ggx.Op.SCALE, 1)] and ran == [True]
+    assert not ggx.host.tensor_array(node).any()  # the CPU kernel did not run
+
+    declining = FakeExtra(None)
+    dev = _device_with(monkeypatch, declining)
+    w, node = _scale_from(dev, declining)
+    dev.init_backend(n_threads=1).graph_compute(ggx.build_graph(node))
+    assert declining.calls == [(ggx.Op.SCALE, 1)]
+    assert np.array_equal(ggx.host.tensor_array(node).reshape(-1), 2 * np.arange(16, dtype=np.float32))
+
+
+def test_a_transforming_extra_type_must_give_a_launch(monkeypatch):
+    """No CPU kernel can read a layout that is not host memory: declining is an error naming the type."""
+    extra = FakeExtra(None, host=False)
+    dev = _device_with(monkeypatch, extra)
+    w, node = _scale_from(dev, extra)
+    assert dev.supports_op(node) and not dev.supports_op(ggx.Context().silu(w))
+    with pytest.raises(GGXUnsupported, match="FAKE.*no launch"):
+        dev.init_backend(n_threads=1).graph_compute(ggx.build_graph(node))
+
+
+def test_an_extra_type_of_another_device_is_not_asked(monkeypatch):
+    extra = FakeExtra(None, host=False)
+    dev = _device_with(monkeypatch)
+    _, node = _scale_from(dev, extra)
+    assert not dev.supports_buft(extra) and not dev.supports_op(node)
+
+
+def test_the_device_keeps_its_extra_buffer_types(monkeypatch):
+    """The registry is asked once; supports_buft / supports_op use the kept list."""
+    dev = CpuDevice()
+    asked = []
+    found = registry.extra_buffer_types(dev)
+
+    def extra_buffer_types(device):
+        asked.append(device)
+        return list(found)
+
+    monkeypatch.setattr(registry, "extra_buffer_types", extra_buffer_types)
+    ctx = ggx.Context()
+    op = ctx.mul_mat(ctx.tensor(GType.Q4_0, (64, 8)), ctx.tensor(GType.F32, (64, 2)))
+    for _ in range(3):
+        assert [b.name for b in dev.extra_buffer_types()] == [b.name for b in found]
+        dev.supports_buft(dev.buffer_type())
+        dev.supports_op(op)
+    assert asked == [dev]
+    assert dev.reg is None and backend_reg().get_proc_address("dev_get_extra_bufts")(dev) is dev.extra_buffer_types()
 
 
 def test_buffer_from_host_ptr(dev):
@@ -118,6 +192,9 @@ def test_buffer_from_host_ptr(dev):
     assert np.array_equal(mem.view(np.float32), np.arange(64, dtype=np.float32))
     with pytest.raises(GGXUnsupported):
         dev.buffer_from_host_ptr(aligned_empty(257)[1:], 256)
+    buf.free()
+    with pytest.raises(GGXError, match="freed"):
+        buf.get_tensor(t)
 
 
 def test_unknown_op_is_unsupported(dev):
@@ -125,7 +202,7 @@ def test_unknown_op_is_unsupported(dev):
     a = ctx.tensor(GType.F32, (4,))
     node = ctx.silu(a)
     node.op = ggx.Op.NONE  # op NONE is a leaf: nothing to run, no error
-    dev.init_backend().compute_node(node)
+    assert dev.init_backend().launch_for(node) is None
     with pytest.raises(GGXUnsupported):
         cpu_device.kernel_for(ggx.Op.VIEW)
 
@@ -193,12 +270,12 @@ def test_graph_launches_are_reused_and_see_new_data(dev):
     _set(y, np.ones((2, 8), np.float32))
     _set(ids, np.array([2, 0], np.int32))
     be.graph_compute(graph)
-    prepared = be.prepared[id(graph)]
+    prepared = be.prepared.kept(graph)
     assert np.array_equal(ggx.host.tensor_array(out)[0, 0], 2 * xs[[2, 0]] + 1)
     _set(ids, np.array([1, 1], np.int32))  # new data, same graph: the same launches, new values
     _set(x, -xs)
     be.graph_compute(graph)
-    assert be.prepared[id(graph)] is prepared
+    assert be.prepared.kept(graph) is prepared
     assert np.array_equal(ggx.host.tensor_array(out)[0, 0], -2 * xs[[1, 1]] + 1)
 
 
@@ -219,17 +296,29 @@ def test_graph_launches_follow_storage_and_threads(dev):
     _set(y, np.zeros((2, 8), np.float32))
     _set(ids, np.array([0, 1], np.int32))
     be.graph_compute(graph)
-    first = be.prepared[id(graph)]
+    first = be.prepared.kept(graph)
     other = dev.buffer_type().alloc_buffer(4096)
     y.buffer, y.offset = other, 512  # moved: the old launch would read the old place
     _set(y, np.full((2, 8), 5, np.float32))
     be.graph_compute(graph)
-    assert be.prepared[id(graph)] is not first
+    assert be.prepared.kept(graph) is not first
     assert np.array_equal(ggx.host.tensor_array(out)[0, 0], np.full((2, 8), 7, np.float32))
-    second = be.prepared[id(graph)]
+    second = be.prepared.kept(graph)
     be.set_n_threads(2)
     be.graph_compute(graph)
-    assert be.prepared[id(graph)] is not second
+    assert be.prepared.kept(graph) is not second
+
+
+def test_graph_launches_are_dropped_when_a_buffer_is_freed(dev):
+    """Kept launches hold the memory they were bound to: after free() the graph is bound again,
+    which raises instead of computing from released memory."""
+    graph, x, ids, y, out, buf = _placed_graph(dev)
+    be = dev.init_backend(n_threads=1)
+    _set(ids, np.array([0, 1], np.int32))
+    be.graph_compute(graph)
+    buf.free()
+    with pytest.raises(GGXError, match="freed"):
+        be.graph_compute(graph)
 
 
 def test_graph_errors_before_any_kernel_runs(dev):
@@ -251,8 +340,27 @@ def test_graph_launches_go_with_their_graph(dev):
     be = dev.init_backend(n_threads=1)
     _set(ids, np.array([0, 1], np.int32))
     be.graph_compute(graph)
-    key = id(graph)
-    assert key in be.prepared
+    kept = weakref.ref(be.prepared.kept(graph))
+    assert kept() is not None
     del graph
     gc.collect()
-    assert key not in be.prepared
+    assert kept() is None
+
+
+def test_graph_profile_times_each_launch(dev):
+    """graph_profile computes the graph through its kept launches: (node, seconds) per node
+    that runs (views have nothing to run), the same results as graph_compute."""
+    graph, x, ids, y, out, _ = _placed_graph(dev)
+    be = dev.init_backend(n_threads=1)
+    xs = np.arange(24, dtype=np.float32).reshape(3, 8)
+    _set(x, xs)
+    _set(y, np.ones((2, 8), np.float32))
+    _set(ids, np.array([2, 0], np.int32))
+    be.graph_compute(graph)
+    prepared = be.prepared.kept(graph)
+    ggx.host.tensor_array(out)[...] = 0
+    times = be.graph_profile(graph)
+    assert be.prepared.kept(graph) is prepared
+    assert [n for n, _ in times] == [n for n in graph.nodes if not n.op.is_view]
+    assert all(s >= 0 for _, s in times)
+    assert np.array_equal(ggx.host.tensor_array(out)[0, 0], 2 * xs[[2, 0]] + 1)

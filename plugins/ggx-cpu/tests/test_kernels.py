@@ -34,7 +34,7 @@ def golden_input(ctx, inputs, z, i):
     t = GType.parse(str(z[f"in{i}_type"]))
     leaf = ctx.tensor(GType.parse(str(z[f"in{i}_storage_type"])), [int(x) for x in z[f"in{i}_storage_ne"]])
     raw = z[f"in{i}_raw"]
-    inputs[leaf] = raw.view(np.float32) if leaf.type is GType.F32 else raw  # ggx.compute reads F32 as values
+    inputs[leaf] = raw.view(np.float32) if leaf.type is GType.F32 else raw  # ggx.tensor_data.to_raw reads F32 as values
     ne, nb = [int(x) for x in z[f"in{i}_ne"]], [int(x) for x in z[f"in{i}_nb"]]
     offs = int(z[f"in{i}_view_offs"])
     if list(leaf.ne) == ne and offs == 0 and tuple(nb) == leaf.nb and t is leaf.type:
@@ -45,7 +45,7 @@ def golden_input(ctx, inputs, z, i):
 def raw_bytes(cpu, out):
     """The bytes of a CPU result tensor (whole storage of its root)."""
     buf = out.data_buffer
-    return buf.data[out.data_offset: out.data_offset + out.nbytes].copy()
+    return buf.host_view()[out.data_offset: out.data_offset + out.nbytes].copy()
 
 
 # --- ggml's exact outputs -------------------------------------------------------------------------
@@ -325,7 +325,7 @@ def test_remembered_layouts_still_refuse_an_edited_view(cpu):
     with pytest.raises(GGXShapeError, match="overruns"):
         silu(out, 1)
     v.view_offs = 0
-    size = a.data_buffer.data.size
+    size = a.data_buffer.host_view().size
     v.nb = (4, size, 2 * size, 2 * size)  # a row stride that reaches past the end
     with pytest.raises(GGXShapeError, match="overruns"):
         silu(out, 1)

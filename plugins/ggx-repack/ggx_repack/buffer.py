@@ -1,28 +1,32 @@
 """CPU_REPACK: the extra buffer type holding repacked weights (ggml's cpu repack buffer type).
 
-- `get_alloc_size`: the bytes of the tensor's layout (Q4_K's is 2.8 % larger than ggml's).
-- `RepackBuffer.init_tensor` records the tensor's layout in `tensor.extra`; `set_tensor`
-  repacks the whole tensor (offset 0, all of its ggml bytes, nothing else) into that layout.
-- The buffer is write-only: its bytes are no longer ggml's layout, so `get_tensor` and
-  `cpy_tensor` raise GGXUnsupported (`memset_tensor` fills raw bytes, as ggml's does, so
-  allocators can clear and guard it); any op other than the matmuls
-  below is refused by supports_op, which keeps it (and its weight) off this buffer type.
+- A weight's layout is chosen once (`layout_for`, the selection table for this CPU, kept per
+  weight): `get_alloc_size` gives its bytes (Q4_K's is 2.8 % larger than ggml's),
+  `init_tensor` records it in `tensor.extra`, and `set_tensor` repacks the whole tensor
+  (offset 0, all of its ggml bytes, nothing else) into it.
+- The layout is not ggml's, so the buffer type is not host memory (`is_host` False) and the
+  buffer is write-only: `get_tensor` raises GGXUnsupported, `cpy_tensor` declines (False);
+  `memset_tensor` fills raw bytes, as ggml's does, so allocators can clear and guard it.
 - `supports_op`: MUL_MAT with a 2-D weight, MUL_MAT_ID with a 3-D expert weight, the weight
   (not a view of it) in this buffer type with a layout for this CPU (type in the selection
   table, rows divisible by the group), F32 activations in host memory with contiguous rows.
-- `compute_forward`: one compiled call, `kernels.repack_mm`, which quantizes the activations
-  once (ggx-cpu's `q8_rows` / `q8k_rows`, the weight's vec_dot_type) and runs one parallel
-  region: a register gemv for one column, gemm tiles for more.
+  Any other op is refused, which keeps it (and its weight) off this buffer type. The verdict
+  is kept per op node (placement, the scheduler and prepare_forward all ask).
+- `prepare_forward`: a launch for every op supports_op accepted (no CPU kernel can read the
+  layout): one compiled call, `kernels.repack_mm`, which quantizes the activations once
+  (ggx-cpu's `quantize_rows_q8` / `quantize_rows_q8_K`, the weight's vec_dot_type) and runs one parallel region:
+  a register gemv for one column, gemm tiles for more.
 """
 from __future__ import annotations
 
 import functools
+import weakref
 
 import numpy as np
 
-from ggx.backend import Buffer, BufferUsage, Device, ExtraBufferType, Launch
+from ggx.backend import Buffer, BufferType, BufferUsage, Device, ExtraBufferType, Launch
 from ggx.errors import GGXOutOfMemory, GGXShapeError, GGXUnsupported
-from ggx.host import HostBuffer, aligned_empty, tensor_array
+from ggx.host import alloc_host_memory, tensor_array
 from ggx.ops import Op
 from ggx.tensor import Tensor
 from ggx.types import GType
@@ -33,9 +37,9 @@ NAME = "CPU_REPACK"
 
 
 def _isa() -> str:
-    from ggx_cpu import isa
+    from ggx_cpu.extension import select
 
-    return isa.select()
+    return select()
 
 
 class RepackBuffer(Buffer):
@@ -43,10 +47,18 @@ class RepackBuffer(Buffer):
 
     def __init__(self, buft: RepackBufferType, size: int, usage: BufferUsage = BufferUsage.WEIGHTS):
         super().__init__(buft, size, usage)
-        try:
-            self.data = aligned_empty(max(size, 1), buft.alignment)[:size]
-        except MemoryError as e:
-            raise GGXOutOfMemory(f"{NAME}: cannot allocate {size} bytes") from e
+        self._memory: np.ndarray | None = alloc_host_memory(buft, size)
+
+    def packed_bytes(self) -> np.ndarray:
+        """The buffer's bytes, weights in their repacked layouts (what this plugin's kernels read)."""
+        memory = self._memory
+        if memory is None:
+            raise GGXUnsupported(f"{NAME}: this {self.size}-byte buffer was freed")
+        return memory
+
+    def free(self) -> None:
+        self._memory = None
+        super().free()
 
     def init_tensor(self, tensor: Tensor) -> None:
         if tensor.view_src is None:
@@ -64,12 +76,13 @@ class RepackBuffer(Buffer):
         if lay is None:
             raise GGXUnsupported(f"{NAME}: {tensor.describe()} has no repacked layout on this CPU "
                                  f"(ISA {_isa()}); keep it in the plain CPU buffer")
+        memory = self.packed_bytes()
         packed = repack(lay, data, tensor.ne)
         start = tensor.data_offset
         if start + packed.size > self.size:
             raise GGXShapeError(f"{NAME}: {tensor.describe()} needs bytes {start}..{start + packed.size} of a "
                                 f"{self.size}-byte buffer (allocate get_alloc_size bytes)")
-        self.data[start: start + packed.size] = packed
+        memory[start: start + packed.size] = packed
         tensor.extra = lay
 
     def get_tensor(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
@@ -83,14 +96,14 @@ class RepackBuffer(Buffer):
         if offset < 0 or size < 0 or start + size > self.size:
             raise GGXShapeError(f"{NAME}: memset of bytes {offset}..{offset + size} of {tensor.describe()} "
                                 f"is outside the {self.size}-byte buffer")
-        self.data[start: start + size] = value
+        self.packed_bytes()[start: start + size] = value
 
     def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        raise GGXUnsupported(f"{NAME} is write-only: cannot copy {src.describe()} into {dst.describe()}; "
-                             "use set_tensor with the whole tensor")
+        """Declines: a weight gets here only through set_tensor, which repacks it."""
+        return False
 
     def clear(self, value: int = 0) -> None:
-        self.data[:] = value
+        self.packed_bytes()[:] = value
 
 
 class RepackBufferType(ExtraBufferType):
@@ -105,6 +118,9 @@ class RepackBufferType(ExtraBufferType):
     def __init__(self, device: Device, forced: dict[GType, Layout] | None = None):
         self._device = device
         self.forced = forced
+        # per weight: (type, ne, its layout); per op node: (its sources' buffer types, why_not)
+        self._layouts: weakref.WeakKeyDictionary[Tensor, tuple] = weakref.WeakKeyDictionary()
+        self._verdicts: weakref.WeakKeyDictionary[Tensor, tuple] = weakref.WeakKeyDictionary()
 
     @property
     def device(self) -> Device:
@@ -120,41 +136,58 @@ class RepackBufferType(ExtraBufferType):
         return RepackBuffer(self, size)
 
     def layout_for(self, t: Tensor) -> Layout | None:
-        """The layout tensor `t` gets here, or None (not a repackable weight on this CPU)."""
-        if not t.type.is_quantized or t.ne[3] != 1:
+        """The layout weight `t` gets here, or None (not a repackable weight on this CPU).
+
+        Chosen once per weight and kept: the choice reads $GGX_CPU_ISA and $GGX_REPACK_LAYOUTS,
+        and a weight's bytes must stay in the layout its size was computed for."""
+        if t.view_src is not None or not t.type.is_quantized or t.ne[3] != 1:
             return None
-        return optimal_layout(t.type, t.ne[1], _isa(), self.forced)
+        kept = self._layouts.get(t)
+        if kept is not None and kept[0] is t.type and kept[1] == t.ne:
+            return kept[2]
+        lay = optimal_layout(t.type, t.ne[1], _isa(), self.forced)
+        self._layouts[t] = (t.type, t.ne, lay)
+        return lay
 
     def get_alloc_size(self, tensor: Tensor) -> int:
-        lay = self.layout_for(tensor) if tensor.view_src is None else None
+        lay = self.layout_for(tensor)
         return max(tensor.nbytes, lay.packed_nbytes(tensor.ne)) if lay is not None else tensor.nbytes
 
     # --- ops ------------------------------------------------------------------------------------
     def why_not(self, op: Tensor) -> str | None:
-        """Why `op` cannot run on this buffer type (None: it can)."""
+        """Why `op` cannot run on this buffer type (None: it can).
+
+        Kept per op node with the buffer types of its sources: a node's type, shape and sources
+        are fixed once built, but their storage is not (placement asks with the weight in a
+        temporary buffer, before the activations have any)."""
+        storage = tuple(_buft_of(s) for s in op.src)
+        kept = self._verdicts.get(op)
+        if kept is not None and kept[0] == storage:
+            return kept[1]
+        why = self._why_not(op)
+        self._verdicts[op] = (storage, why)
+        return why
+
+    def _why_not(self, op: Tensor) -> str | None:
         if op.op not in (Op.MUL_MAT, Op.MUL_MAT_ID):
             return f"{op.op.name} is not a matmul (CPU_REPACK computes MUL_MAT and MUL_MAT_ID only)"
         if len(op.src) < (3 if op.op is Op.MUL_MAT_ID else 2):
             return f"{op.describe()} lacks sources"
         a, b = op.src[0], op.src[1]
-        buf = a.data_buffer
-        if buf is None or buf.buft is not self:
+        if _buft_of(a) is not self:
             return f"weight {a.describe()} is not in {NAME}"
         if a.view_src is not None or not a.is_contiguous():
             return f"weight {a.describe()} is a view or not contiguous"
         if op.op is Op.MUL_MAT and (a.ne[2] != 1 or a.ne[3] != 1):
             return f"MUL_MAT weight {a.describe()} is not 2-D"
-        # set_tensor recorded the layout the bytes are in (any kernel variant runs any layout);
-        # only a weight not yet set asks the selection table
-        lay = a.extra if isinstance(a.extra, Layout) else self.layout_for(a)
-        if lay is None:
+        if self.layout_for(a) is None:
             return f"weight {a.describe()} has no repacked layout on this CPU (ISA {_isa()})"
         if b.type is not GType.F32 or a.ne[0] != b.ne[0] or not b.has_contiguous_rows():
             return f"activations {b.describe()} must be F32 with contiguous rows of K={a.ne[0]}"
         for s in op.src[1:]:
-            sb = s.data_buffer
-            if sb is not None and not sb.buft.is_host:
-                return f"{s.describe()} is not in host memory ({sb.buft.name})"
+            sb = _buft_of(s)
+            if sb is not None and not sb.is_host:
+                return f"{s.describe()} is not in host memory ({sb.name})"
         if op.type is not GType.F32:
             return f"destination {op.describe()} must be F32"
         if op.op is Op.MUL_MAT_ID:
@@ -171,27 +204,20 @@ class RepackBufferType(ExtraBufferType):
     def supports_op(self, op: Tensor) -> bool:
         return self.why_not(op) is None
 
-    def prepare_forward(self, op: Tensor, n_threads: int = 1) -> Launch | None:
-        buf = op.src[0].data_buffer if op.src else None
-        if buf is None or buf.buft is not self:
-            return None
+    def prepare_forward(self, op: Tensor, n_threads: int = 1) -> Launch:
+        """The launch of an op supports_op accepted; GGXUnsupported naming why for any other."""
         why = self.why_not(op)
         if why is not None:
             raise GGXUnsupported(f"{NAME}: cannot compute {op.describe()}: {why}")
-        a = op.src[0]
-        lay = a.extra
-        if not isinstance(lay, Layout):
-            raise GGXUnsupported(f"{NAME}: weight {a.describe()} was never set (set_tensor repacks it)")
         if op.nelements == 0:
             return _nothing
-        return _launch(op, lay, buf.data, n_threads)
+        a = op.src[0]
+        return _launch(op, self.layout_for(a), a.data_buffer.packed_bytes(), n_threads)
 
-    def compute_forward(self, op: Tensor, n_threads: int = 1) -> bool:
-        f = self.prepare_forward(op, n_threads)
-        if f is None:
-            return False
-        f()
-        return True
+
+def _buft_of(t: Tensor | None) -> BufferType | None:
+    buf = t.data_buffer if t is not None else None
+    return buf.buft if buf is not None else None
 
 
 # --- compute ----------------------------------------------------------------------------------------
@@ -227,14 +253,14 @@ def _columns(op: Tensor, lay: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def _f32_rows(t: Tensor, k: int) -> np.ndarray | None:
-    """A contiguous F32 tensor's values as a [rows, k] view of its host buffer (numpy refuses a
-    view past the buffer's end), or None when t is strided or not in a HostBuffer."""
+    """A contiguous F32 tensor's values as a [rows, k] view of its host memory (numpy refuses a
+    view past the buffer's end), or None when t is strided or not in host memory."""
     buf = t.data_buffer
-    ne, nb = t.ne, t.nb  # contiguity spelled out for F32: Tensor.is_contiguous costs ~2 us
-    if (not isinstance(buf, HostBuffer) or nb[0] != 4 or nb[1] != 4 * ne[0] or nb[2] != nb[1] * ne[1]
+    ne, nb = t.ne, t.nb  # contiguity spelled out for F32: Tensor.is_contiguous is slower
+    if (buf is None or not buf.buft.is_host or nb[0] != 4 or nb[1] != 4 * ne[0] or nb[2] != nb[1] * ne[1]
             or nb[3] != nb[2] * ne[2]):
         return None
-    return np.ndarray((ne[1] * ne[2] * ne[3], k), np.float32, buf.data, t.data_offset)
+    return np.ndarray((ne[1] * ne[2] * ne[3], k), np.float32, buf.host_view(), t.data_offset)
 
 
 @functools.cache
@@ -266,15 +292,14 @@ def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray
     the activations x [n, K], then runs the parallel kernel over (matrix, row group) into out."""
     import numba
 
-    from ggx_cpu import isa
-    from ggx_cpu.kernels.common import launch
+    from ggx_cpu.extension import launch, token
 
     from .kernels import repack_mm
 
     K, M = op.src[0].ne[0], op.src[0].ne[1]
     wg, cstart, ycol, ocol = _columns(op, lay)
     n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
-    return launch(repack_mm, isa.token(), lay, w, wg, lay.group_bytes, K // lay.block_size, K, M,
+    return launch(repack_mm, token(), lay, w, wg, lay.group_bytes, K // lay.block_size, K, M,
                   x, cstart, ycol, ocol, _lane_rows(lay), out, n, n_threads=n)
 
 

@@ -1,18 +1,20 @@
 """gemv / gemm on repacked weights (ggml's gemv_/gemm_<layout>_q8_*), one source per ISA x layout.
 
-The kernels take two compile-time tokens: ggx-cpu's `isa` token (its numba type names the
-variant: `avx512_vnni` vpdpbusd, `avx2` vpmaddubsw + vpmaddwd, `portable` plain LLVM vector IR)
-and a `Layout` (typed as `LayoutType(name)`), so one source compiles, and caches, once per
-(ISA, layout) pair. Only the 8-bit product differs per ISA; it is ggx-cpu's building block.
+Written only with ggx-cpu's extension surface (`ggx_cpu.extension`). The kernels take two
+compile-time tokens: ggx-cpu's `isa` token (its numba type names the variant: `avx512_vnni`
+vpdpbusd, `avx2` vpmaddubsw + vpmaddwd, `portable` plain LLVM vector IR) and a `Layout`
+(typed as `LayoutType`), so one source compiles, and caches, once per (ISA, layout) pair.
+Only the 8-bit product differs per ISA; ggx-cpu's `dot_u8s8` picks it.
 
 How a group block is computed (N rows x one block of 32 values; layouts in layouts.py): a
 32-byte load of interleaved quants holds 4 bytes of some row in each int32 lane, so the
 product of that load with an activation vector built for it (8 or 4 activation bytes
 broadcast: `_bcast8`, `_bcast4x2`) leaves in every lane a partial dot product of *one row*.
 Lanes are never summed inside the K loop: two int32 accumulators A and B per column (A: the
-even loads, B: the odd ones) are scaled per lane by the rows' scales (`_pairs` / `_quad2`
-spread the N scales over the lanes) into two float32 accumulators per column, and only at the
-end are the lanes of each row added (`lane_rows`: A lanes then B lanes -> row in the group).
+even loads, B: the odd ones) are scaled per lane by the rows' scales (`_f16_pairs` /
+`_f16_quad2` spread the N scales over the lanes) into two float32 accumulators per column, and
+only at the end are the lanes of each row added (`lane_rows`: A lanes then B lanes -> row in
+the group).
 
 Offsets (-8 for Q4_0 nibbles, +128 for the xor-ed Q8_0 bytes, Q4_K mins) use the activation's
 block sums: an integer accumulator starts at -8 * sum(y) / (lanes per row) instead of 0.
@@ -21,7 +23,7 @@ Inputs (validated by buffer.py before a kernel runs):
   w       uint8: the repack buffer's bytes; matrix g's groups start at byte wg[g], group i's
           block j at wg[g] + (i * nbk + j) * gbytes.
   x       float32 [n, K] activation rows (C-contiguous); repack_mm quantizes them itself with
-          ggx-cpu's `q8_rows` / `q8k_rows` (the weight's vec_dot_type) into
+          ggx-cpu's `quantize_rows_q8` / `quantize_rows_q8_K` (the weight's vec_dot_type) into
   yq, yd  int8 values, one row of K per column; float32 scale per block of 32 (256 for Q8_K);
   ysum    int32 sum of the values of each 32-value activation block; ys float32 Q8_1 `s`.
   cstart, ycol, ocol  matrix g multiplies columns cstart[g]..cstart[g+1]: activation row
@@ -29,29 +31,41 @@ Inputs (validated by buffer.py before a kernel runs):
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import NativeValue, intrinsic, models, overload, register_model, typeof_impl, unbox
+from numba import njit, prange
+from numba.extending import overload
 
-from ggx_cpu.isa.simd import (
-    F32x8,
-    I8x32,
-    I32x8,
-    IsaType,
-    _llty,
+from ggx_cpu.extension import (
+    TokenType,
+    add_f32x8,
     add_i32x8,
+    dot_s8s8,
+    dot_u8s8,
     fma_f32x8,
     fma_i32x8_f32x8,
+    i32x8_to_f32x8,
+    lane,
+    load_f32x8,
     load_i8x32,
     load_i32x8,
+    make_shuffled_load,
+    mul_f32x8,
+    mul_i32x8,
+    quantize_rows_q8,
+    quantize_rows_q8_K,
+    register_token,
     splat_f32x8,
+    splat_i32x8,
+    split_nibbles_i8x32,
+    store_f32x8,
+    store_i32x8,
+    sub_f32x8,
+    token_constant,
+    u8s8_saturates,
+    xor80_i8x32,
     zero_f32x8,
     zero_i32x8,
 )
-from ggx_cpu.kernels.quantize_act import q8_rows, q8k_rows
 
 from .layouts import Layout
 
@@ -59,35 +73,19 @@ TILE = 8  # columns per gemm tile: each weight load serves this many columns
 
 
 # --- the layout token -------------------------------------------------------------------------
-class LayoutType(types.Type):
+class LayoutType(TokenType):
     """numba type of a `Layout`: kernels specialize on it (name = the layout's name)."""
 
-    def __init__(self, name: str, nrows: int, interleave: int, xor_mask: int, family: str):
-        self.layout_name = name
-        self.nrows = nrows
-        self.interleave = interleave
-        self.xor_mask = xor_mask
-        self.family = family  # "q4_0", "q4_1", "q8_0", "q4_K"
-        super().__init__(name=f"Layout({name})")
+    def __init__(self, lay: Layout):
+        self.layout_name = lay.name
+        self.nrows = lay.nrows
+        self.interleave = lay.interleave
+        self.xor_mask = lay.xor_mask
+        self.family = lay.name[:4]  # "q4_0", "q4_1", "q8_0", "q4_K"
+        super().__init__(name=f"Layout({lay.name})")
 
 
-@typeof_impl.register(Layout)
-def _typeof_layout(val, c):
-    return _layout_type(val)
-
-
-@functools.cache
-def _layout_type(val: Layout) -> LayoutType:
-    # memoized: building a numba type costs ~2 us, and every kernel call types its layout
-    return LayoutType(val.name, val.nrows, val.interleave, val.xor_mask, val.name[:4])
-
-
-register_model(LayoutType)(models.OpaqueModel)
-
-
-@unbox(LayoutType)
-def _unbox_layout(typ, obj, c):
-    return NativeValue(c.context.get_dummy_value())
+register_token(Layout, LayoutType)
 
 
 def lane_rows(lay: Layout) -> np.ndarray:
@@ -99,238 +97,71 @@ def lane_rows(lay: Layout) -> np.ndarray:
     return np.array([0, 1, 2, 3] * 4, np.int64)  # 4x4: lanes r and r + 4
 
 
-# --- vector helpers (plain LLVM IR, lowered by every target) ------------------------------------
-def _i32c(values):
-    return ir.Constant(ir.VectorType(ir.IntType(32), len(values)), [ir.Constant(ir.IntType(32), v) for v in values])
+# --- loads that spread a group block's bytes and scales over the lanes --------------------------
+_bcast8 = make_shuffled_load(8, 8, list(range(8)) * 4, "i8")  # 8 activation bytes, 4 times
+_bcast4x2 = make_shuffled_load(8, 8, [0, 1, 2, 3] * 4 + [4, 5, 6, 7] * 4, "i8")  # bytes 0-3 x4, 4-7 x4
+_f16_pairs = make_shuffled_load(4, 16, [0, 0, 1, 1, 2, 2, 3, 3], "f16")  # 4 scales, each on 2 lanes
+_f16_quad2 = make_shuffled_load(4, 16, [0, 1, 2, 3] * 2, "f16")  # 4 scales, twice
+_u8_pairs = make_shuffled_load(4, 8, [0, 0, 1, 1, 2, 2, 3, 3], "u32")  # 4 byte scales, each on 2 lanes
 
 
-def _byte_ptr(context, builder, arrty, arr, off):
-    ary = context.make_array(arrty)(context, builder, arr)
-    return builder.gep(ary.data, [off])
-
-
-def _make_spread(n_in: int, bits: int, pattern: list[int], out: str):
-    """An intrinsic (arr, off) -> a vector: n_in `bits`-wide ints at byte `off` of a byte array,
-    shuffled by `pattern`, then as out = "i8" (bytes), "u32" (zero-extended) or "f16" (halves -> f32)."""
-    ret = {"i8": I8x32, "u32": I32x8, "f16": F32x8}[out]
-
-    @intrinsic
-    def spread(typingctx, arr, off):
-        if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8)
-                and isinstance(off, types.Integer)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            ity = ir.IntType(bits)
-            ptr = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]),
-                                  ir.VectorType(ity, n_in).as_pointer())
-            v = builder.load(ptr, align=1)
-            v = builder.shuffle_vector(v, v, _i32c(pattern))
-            if out == "i8":
-                return v
-            if out == "u32":
-                return builder.zext(v, ir.VectorType(ir.IntType(32), 8))
-            # IEEE half bits -> float32: LLVM's exact fpext (one vcvtph2ps where F16C exists)
-            return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), 8)), _llty(F32x8))
-
-        return ret(arr, types.intp), codegen
-
-    return spread
-
-
-_bcast8 = _make_spread(8, 8, list(range(8)) * 4, "i8")  # 8 activation bytes, 4 times
-_bcast4x2 = _make_spread(8, 8, [0, 1, 2, 3] * 4 + [4, 5, 6, 7] * 4, "i8")  # bytes 0-3 x4, 4-7 x4
-_f16_pairs = _make_spread(4, 16, [0, 0, 1, 1, 2, 2, 3, 3], "f16")  # 4 scales, each on 2 lanes
-_f16_quad2 = _make_spread(4, 16, [0, 1, 2, 3] * 2, "f16")  # 4 scales, twice
-_u8_pairs = _make_spread(4, 8, [0, 0, 1, 1, 2, 2, 3, 3], "u32")  # 4 byte scales, each on 2 lanes
-
-
-def _vec_binop(vt, op: str):
-    @intrinsic
-    def f(typingctx, a, b):
-        if a != vt or b != vt:
-            return None
-
-        def codegen(context, builder, sig, args):
-            return getattr(builder, op)(args[0], args[1])
-
-        return vt(vt, vt), codegen
-
-    return f
-
-
-_mul_i32x8 = _vec_binop(I32x8, "mul")
-_mul_f32x8 = _vec_binop(F32x8, "fmul")
-_sub_f32x8 = _vec_binop(F32x8, "fsub")
-_add_f = _vec_binop(F32x8, "fadd")
-
-
-@intrinsic
-def _nibbles(typingctx, v, mask):
-    """(low, high) nibbles of 32 bytes after xor with `mask` (the layout's xor mask)."""
-    if v != I8x32 or not isinstance(mask, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        vt = _llty(I8x32)
-        m = builder.trunc(args[1], ir.IntType(8)) if args[1].type.width > 8 else args[1]
-        x = builder.xor(args[0], builder.shuffle_vector(
-            builder.insert_element(ir.Constant(vt, ir.Undefined), m, ir.Constant(ir.IntType(32), 0)),
-            ir.Constant(vt, ir.Undefined), _i32c([0] * 32)))
-        c15 = ir.Constant(vt, [ir.Constant(ir.IntType(8), 15)] * 32)
-        c4 = ir.Constant(vt, [ir.Constant(ir.IntType(8), 4)] * 32)
-        return context.make_tuple(builder, sig.return_type, [builder.and_(x, c15), builder.lshr(x, c4)])
-
-    return types.UniTuple(I8x32, 2)(I8x32, mask), codegen
-
-
-@intrinsic
-def _splat_i32x8(typingctx, x):
-    if not isinstance(x, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = context.cast(builder, args[0], sig.args[0], types.int32)
-        vt = _llty(I32x8)
-        vec = builder.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(ir.IntType(32), 0))
-        return builder.shuffle_vector(vec, ir.Constant(vt, ir.Undefined), _i32c([0] * 8))
-
-    return I32x8(types.int32), codegen
-
-
-@intrinsic
-def _cvt_f32x8(typingctx, v):
-    if v != I32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.sitofp(args[0], _llty(F32x8))
-
-    return F32x8(I32x8), codegen
-
-
-def _make_store(vt, dtype):
-    @intrinsic
-    def store(typingctx, arr, off, v):
-        if not (isinstance(arr, types.Array) and arr.dtype == dtype and v == vt):
-            return None
-
-        def codegen(context, builder, sig, args):
-            ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
-            builder.store(args[2], builder.bitcast(ptr, _llty(vt).as_pointer()), align=4)
-            return context.get_dummy_value()
-
-        return types.void(arr, types.intp, vt), codegen
-
-    return store
-
-
-def _make_vload(vt, dtype):
-    @intrinsic
-    def load(typingctx, arr, off):
-        if not (isinstance(arr, types.Array) and arr.dtype == dtype):
-            return None
-
-        def codegen(context, builder, sig, args):
-            ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
-            return builder.load(builder.bitcast(ptr, _llty(vt).as_pointer()), align=4)
-
-        return vt(arr, types.intp), codegen
-
-    return load
-
-
-_store_f32x8 = _make_store(F32x8, types.float32)
-_store_i32x8 = _make_store(I32x8, types.int32)
-_load_f32x8 = _make_vload(F32x8, types.float32)
-
-
-@intrinsic
-def _portable_dot_u8s8(typingctx, acc, u, s):
-    """acc + the 4-byte dot products of u (unsigned) and s (signed), in target-independent IR."""
-    if acc != I32x8 or u != I8x32 or s != I8x32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        w32 = ir.VectorType(ir.IntType(32), 32)
-        p = builder.mul(builder.zext(args[1], w32), builder.sext(args[2], w32))
-        total = args[0]
-        for j in range(4):
-            total = builder.add(total, builder.shuffle_vector(p, p, _i32c(list(range(j, 32, 4)))))
-        return total
-
-    return I32x8(I32x8, I8x32, I8x32), codegen
-
-
-# --- ISA dispatch --------------------------------------------------------------------------------
-def _isa_name(isa) -> str:
-    return isa.isa_name if isinstance(isa, IsaType) else "portable"
-
-
-def _dot(isa, acc, u, s):
-    """Lane-wise acc + u . s (u unsigned bytes, s signed bytes) with `isa`'s instruction."""
-
-
-@overload(_dot, inline="always")
-def _ol_dot(isa, acc, u, s):
-    name = _isa_name(isa)
-    if name == "avx512_vnni":
-        from ggx_cpu.isa import avx512_vnni as m
-    elif name == "avx2":
-        from ggx_cpu.isa import avx2 as m
-    else:
-        return lambda isa, acc, u, s: _portable_dot_u8s8(acc, u, s)
-    f = m.dot_u8s8
-    return lambda isa, acc, u, s: f(acc, u, s)
-
-
+# --- the Q8_0 product -----------------------------------------------------------------------------
 def _dot_q8(isa, acc, wu, y):
-    """acc + wu . y for xor-0x80 Q8_0 weights wu (= w + 128): exact, or w . y on AVX2 (see _q8_corr)."""
+    """acc + wu . y for xor-0x80 Q8_0 weights wu (= w + 128): exact, or w . y where the ISA's
+    u8 x s8 product saturates (see _q8_corr)."""
 
 
 @overload(_dot_q8, inline="always")
 def _ol_dot_q8(isa, acc, wu, y):
-    if _isa_name(isa) == "avx2":  # vpmaddubsw saturates 255 * 127 pairs: back to signed, |w| sign(y, w)
-        from ggx_cpu.isa import avx2
-        from ggx_cpu.isa.simd import xor80_i8x32
-
-        f = avx2.dot_s8s8
-        return lambda isa, acc, wu, y: f(acc, xor80_i8x32(wu), y, acc)
-    return lambda isa, acc, wu, y: _dot(isa, acc, wu, y)
+    if u8s8_saturates.value_of(isa):  # vpmaddubsw saturates 255 * 127 pairs: back to signed, |w| sign(y, w)
+        return lambda isa, acc, wu, y: dot_s8s8(isa, acc, xor80_i8x32(wu), y, acc)
+    return lambda isa, acc, wu, y: dot_u8s8(isa, acc, wu, y)
 
 
+@token_constant
 def _q8_corr(isa):
     """Per-lane start for Q8_0 4x4 (4 lanes per row): -128 * sum(y) / 4, or 0 where _dot_q8 is signed."""
+    return 0 if u8s8_saturates.value_of(isa) else -32
 
 
-@overload(_q8_corr, inline="always")
-def _ol_q8_corr(isa):
-    k = 0 if _isa_name(isa) == "avx2" else -32
-    return lambda isa: k
+# --- compile-time constants of the layout token ----------------------------------------------------
+@token_constant
+def _is8(lay):
+    return lay.nrows == 8
 
 
-def _const_overload(name: str, fn):
-    """A function of the layout token answering a compile-time constant `fn(LayoutType)`."""
-    def stub(lay):
-        raise NotImplementedError
-
-    stub.__name__ = name
-
-    @overload(stub, inline="always")
-    def _ol(lay):
-        value = fn(lay)
-        return lambda lay: value
-
-    return stub
+@token_constant
+def _mask(lay):
+    return lay.xor_mask
 
 
-_is8 = _const_overload("_is8", lambda t: t.nrows == 8)
-_mask = _const_overload("_mask", lambda t: t.xor_mask)
-_is_q4_1 = _const_overload("_is_q4_1", lambda t: t.family == "q4_1")
-_head = _const_overload("_head", lambda t: 2 * t.nrows * (2 if t.family == "q4_1" else 1))
-_corr = _const_overload("_corr", lambda t: (-4 if t.nrows == 8 else -2) if t.family == "q4_0" else 0)
-_inv_lpr = _const_overload("_inv_lpr", lambda t: 0.5 if t.nrows == 8 else 0.25)
-lay_rows = _const_overload("lay_rows", lambda t: t.nrows)
+@token_constant
+def _is_q4_1(lay):
+    return lay.family == "q4_1"
+
+
+@token_constant
+def _head(lay):
+    """Bytes of a Q4 group block's header (scales, and Q4_1's mins)."""
+    return 2 * lay.nrows * (2 if lay.family == "q4_1" else 1)
+
+
+@token_constant
+def _corr(lay):
+    """Per-lane start factor of a Q4_0 group block (-8 / lanes per row); 0 for the others."""
+    return (-4 if lay.nrows == 8 else -2) if lay.family == "q4_0" else 0
+
+
+@token_constant
+def _inv_lpr(lay):
+    """1 / lanes per row."""
+    return 0.5 if lay.nrows == 8 else 0.25
+
+
+@token_constant
+def lay_rows(lay):
+    """Rows per group (N)."""
+    return lay.nrows
 
 
 def _yop(lay, yq, off):
@@ -361,50 +192,50 @@ def _ol_scales(lay, w, off, half):
 @njit(cache=True, inline="always")
 def _fma2(acc, t, ia, ib, sa, sb):
     """Float accumulators of column t += int lanes * per-lane scales."""
-    _store_f32x8(acc, t * 16, fma_i32x8_f32x8(_load_f32x8(acc, t * 16), ia, sa))
-    _store_f32x8(acc, t * 16 + 8, fma_i32x8_f32x8(_load_f32x8(acc, t * 16 + 8), ib, sb))
+    store_f32x8(acc, t * 16, fma_i32x8_f32x8(load_f32x8(acc, t * 16), ia, sa))
+    store_f32x8(acc, t * 16 + 8, fma_i32x8_f32x8(load_f32x8(acc, t * 16 + 8), ib, sb))
 
 
 @njit(cache=True, inline="always")
 def _block_q4(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
     """One Q4_0 / Q4_1 group block (N rows x 32 values) against columns c..c+nt."""
     qo = o + _head(lay)
-    l0, h0 = _nibbles(load_i8x32(w, qo), _mask(lay))
-    l1, h1 = _nibbles(load_i8x32(w, qo + 32), _mask(lay))
+    l0, h0 = split_nibbles_i8x32(load_i8x32(w, qo), _mask(lay))
+    l1, h1 = split_nibbles_i8x32(load_i8x32(w, qo + 32), _mask(lay))
     l2, h2, l3, h3 = l0, h0, l1, h1
     if _is8(lay):
-        l2, h2 = _nibbles(load_i8x32(w, qo + 64), _mask(lay))
-        l3, h3 = _nibbles(load_i8x32(w, qo + 96), _mask(lay))
+        l2, h2 = split_nibbles_i8x32(load_i8x32(w, qo + 64), _mask(lay))
+        l3, h3 = split_nibbles_i8x32(load_i8x32(w, qo + 96), _mask(lay))
     sa = _scales(lay, w, o, 0)
     sb = _scales(lay, w, o, 1)
     ma = mb = zero_f32x8()
     if _is_q4_1(lay):
-        ma = _mul_f32x8(_scales(lay, w, o + 2 * lay_rows(lay), 0), splat_f32x8(_inv_lpr(lay)))
-        mb = _mul_f32x8(_scales(lay, w, o + 2 * lay_rows(lay), 1), splat_f32x8(_inv_lpr(lay)))
+        ma = mul_f32x8(_scales(lay, w, o + 2 * lay_rows(lay), 0), splat_f32x8(_inv_lpr(lay)))
+        mb = mul_f32x8(_scales(lay, w, o + 2 * lay_rows(lay), 1), splat_f32x8(_inv_lpr(lay)))
     nbk = K // 32
     for t in range(nt):
         col = ycol[c + t]
         y = col * K + b * 32
         blk = col * nbk + b
-        init = _splat_i32x8(np.int32(_corr(lay) * ysum[blk]))
+        init = splat_i32x8(np.int32(_corr(lay) * ysum[blk]))
         if _is8(lay):
-            ia = _dot(isa, _dot(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
-            ia = _dot(isa, _dot(isa, ia, l2, _yop(lay, yq, y + 8)), h2, _yop(lay, yq, y + 24))
-            ib = _dot(isa, _dot(isa, init, l1, _yop(lay, yq, y)), h1, _yop(lay, yq, y + 16))
-            ib = _dot(isa, _dot(isa, ib, l3, _yop(lay, yq, y + 8)), h3, _yop(lay, yq, y + 24))
+            ia = dot_u8s8(isa, dot_u8s8(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
+            ia = dot_u8s8(isa, dot_u8s8(isa, ia, l2, _yop(lay, yq, y + 8)), h2, _yop(lay, yq, y + 24))
+            ib = dot_u8s8(isa, dot_u8s8(isa, init, l1, _yop(lay, yq, y)), h1, _yop(lay, yq, y + 16))
+            ib = dot_u8s8(isa, dot_u8s8(isa, ib, l3, _yop(lay, yq, y + 8)), h3, _yop(lay, yq, y + 24))
         else:
-            ia = _dot(isa, _dot(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
-            ib = _dot(isa, _dot(isa, init, l1, _yop(lay, yq, y + 8)), h1, _yop(lay, yq, y + 24))
+            ia = dot_u8s8(isa, dot_u8s8(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
+            ib = dot_u8s8(isa, dot_u8s8(isa, init, l1, _yop(lay, yq, y + 8)), h1, _yop(lay, yq, y + 24))
         dy = splat_f32x8(yd[blk])
         if _is_q4_1(lay):
             s = splat_f32x8(ys[blk])
-            _store_f32x8(acc, t * 16, _add_f(_load_f32x8(acc, t * 16), _mul_f32x8(ma, s)))
-            _store_f32x8(acc, t * 16 + 8, _add_f(_load_f32x8(acc, t * 16 + 8), _mul_f32x8(mb, s)))
+            store_f32x8(acc, t * 16, add_f32x8(load_f32x8(acc, t * 16), mul_f32x8(ma, s)))
+            store_f32x8(acc, t * 16 + 8, add_f32x8(load_f32x8(acc, t * 16 + 8), mul_f32x8(mb, s)))
         if _is8(lay):
-            _fma2(acc, t, ia, ib, _mul_f32x8(sa, dy), _mul_f32x8(sb, dy))
+            _fma2(acc, t, ia, ib, mul_f32x8(sa, dy), mul_f32x8(sb, dy))
         else:  # A and B lanes hold the same rows (sa == sb): one float update
-            _store_f32x8(acc, t * 16, fma_i32x8_f32x8(_load_f32x8(acc, t * 16), add_i32x8(ia, ib),
-                                                      _mul_f32x8(sa, dy)))
+            store_f32x8(acc, t * 16, fma_i32x8_f32x8(load_f32x8(acc, t * 16), add_i32x8(ia, ib),
+                                                      mul_f32x8(sa, dy)))
 
 
 
@@ -422,12 +253,12 @@ def _block_q8(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
         col = ycol[c + t]
         y = col * K + b * 32
         blk = col * nbk + b
-        init = _splat_i32x8(np.int32(_q8_corr(isa) * ysum[blk]))
+        init = splat_i32x8(np.int32(_q8_corr(isa) * ysum[blk]))
         ia = _dot_q8(isa, _dot_q8(isa, init, w0, _bcast4x2(yq, y)), w2, _bcast4x2(yq, y + 16))
         ib = _dot_q8(isa, _dot_q8(isa, init, w1, _bcast4x2(yq, y + 8)), w3, _bcast4x2(yq, y + 24))
-        sd = _mul_f32x8(s, splat_f32x8(yd[blk]))
+        sd = mul_f32x8(s, splat_f32x8(yd[blk]))
         # A and B lanes hold the same rows here: one float update per column and block
-        _store_f32x8(acc, t * 16, fma_i32x8_f32x8(_load_f32x8(acc, t * 16), add_i32x8(ia, ib), sd))
+        store_f32x8(acc, t * 16, fma_i32x8_f32x8(load_f32x8(acc, t * 16), add_i32x8(ia, ib), sd))
 
 
 @njit(cache=True, inline="always")
@@ -445,7 +276,7 @@ def _block_q8xg(isa, lay, w, o, span, yq, yd, ysum, ycol, c, nt, K, b, acc):
         blk = col * nbk + b
         # the 4 loads of a group block share one lane -> row map: one chain of 4 products per
         # group, so each lane starts once (2 lanes per row: -128 * sum(y) / 2)
-        init = _splat_i32x8(np.int32(2 * _q8_corr(isa) * ysum[blk]))
+        init = splat_i32x8(np.int32(2 * _q8_corr(isa) * ysum[blk]))
         y0, y1 = _bcast4x2(yq, y), _bcast4x2(yq, y + 8)
         y2, y3 = _bcast4x2(yq, y + 16), _bcast4x2(yq, y + 24)
         dy = splat_f32x8(yd[blk])
@@ -454,7 +285,7 @@ def _block_q8xg(isa, lay, w, o, span, yq, yd, ysum, ycol, c, nt, K, b, acc):
             i = _dot_q8(isa, _dot_q8(isa, init, load_i8x32(w, q), y0), load_i8x32(w, q + 32), y1)
             i = _dot_q8(isa, _dot_q8(isa, i, load_i8x32(w, q + 64), y2), load_i8x32(w, q + 96), y3)
             a = (t * G + k) * 8
-            _store_f32x8(acc, a, fma_i32x8_f32x8(_load_f32x8(acc, a), i, _mul_f32x8(_f16_quad2(w, o + k * span), dy)))
+            store_f32x8(acc, a, fma_i32x8_f32x8(load_f32x8(acc, a), i, mul_f32x8(_f16_quad2(w, o + k * span), dy)))
 
 
 def _blockg(isa, lay, w, o, span, yq, yd, ysum, ycol, c, nt, K, b, acc):
@@ -472,7 +303,9 @@ def _ol_blockg(isa, lay, w, o, span, yq, yd, ysum, ycol, c, nt, K, b, acc):
 #: Row groups per gemm task (when the matrix's group count divides by it, else one): Q8_0 4x4
 #: takes eight, so each activation broadcast serves 32 rows (the 8x8 layouts get 8 rows from
 #: one group, and their products also unpack nibbles); the others one.
-_pair = _const_overload("_pair", lambda t: 8 if t.family == "q8_0" else 1)
+@token_constant
+def _pair(lay):
+    return 8 if lay.family == "q8_0" else 1
 
 
 @njit(cache=True, inline="always")
@@ -484,18 +317,18 @@ def _block_q4_K(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
     """
     nbk = K // 256
     for t in range(nt):
-        _store_i32x8(iacc, t * 16, zero_i32x8())
-        _store_i32x8(iacc, t * 16 + 8, zero_i32x8())
+        store_i32x8(iacc, t * 16, zero_i32x8())
+        store_i32x8(iacc, t * 16 + 8, zero_i32x8())
     for p in range(4):
         q = o + 160 + 256 * p
-        la0, ha0 = _nibbles(load_i8x32(w, q), 0)
-        lb0, hb0 = _nibbles(load_i8x32(w, q + 32), 0)
-        la1, ha1 = _nibbles(load_i8x32(w, q + 64), 0)
-        lb1, hb1 = _nibbles(load_i8x32(w, q + 96), 0)
-        la2, ha2 = _nibbles(load_i8x32(w, q + 128), 0)
-        lb2, hb2 = _nibbles(load_i8x32(w, q + 160), 0)
-        la3, ha3 = _nibbles(load_i8x32(w, q + 192), 0)
-        lb3, hb3 = _nibbles(load_i8x32(w, q + 224), 0)
+        la0, ha0 = split_nibbles_i8x32(load_i8x32(w, q), 0)
+        lb0, hb0 = split_nibbles_i8x32(load_i8x32(w, q + 32), 0)
+        la1, ha1 = split_nibbles_i8x32(load_i8x32(w, q + 64), 0)
+        lb1, hb1 = split_nibbles_i8x32(load_i8x32(w, q + 96), 0)
+        la2, ha2 = split_nibbles_i8x32(load_i8x32(w, q + 128), 0)
+        lb2, hb2 = split_nibbles_i8x32(load_i8x32(w, q + 160), 0)
+        la3, ha3 = split_nibbles_i8x32(load_i8x32(w, q + 192), 0)
+        lb3, hb3 = split_nibbles_i8x32(load_i8x32(w, q + 224), 0)
         sca_lo = _u8_pairs(w, o + 32 + 16 * p)
         scb_lo = _u8_pairs(w, o + 36 + 16 * p)
         sca_hi = _u8_pairs(w, o + 40 + 16 * p)
@@ -504,37 +337,37 @@ def _block_q4_K(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
         for t in range(nt):
             y = ycol[c + t] * K + b * 256 + 64 * p
             y0, y1, y2, y3 = _bcast8(yq, y), _bcast8(yq, y + 8), _bcast8(yq, y + 16), _bcast8(yq, y + 24)
-            ila = _dot(isa, _dot(isa, _dot(isa, _dot(isa, z, la0, y0), la1, y1), la2, y2), la3, y3)
-            ilb = _dot(isa, _dot(isa, _dot(isa, _dot(isa, z, lb0, y0), lb1, y1), lb2, y2), lb3, y3)
+            ila = dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, z, la0, y0), la1, y1), la2, y2), la3, y3)
+            ilb = dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, z, lb0, y0), lb1, y1), lb2, y2), lb3, y3)
             y0, y1 = _bcast8(yq, y + 32), _bcast8(yq, y + 40)
             y2, y3 = _bcast8(yq, y + 48), _bcast8(yq, y + 56)
-            iha = _dot(isa, _dot(isa, _dot(isa, _dot(isa, z, ha0, y0), ha1, y1), ha2, y2), ha3, y3)
-            ihb = _dot(isa, _dot(isa, _dot(isa, _dot(isa, z, hb0, y0), hb1, y1), hb2, y2), hb3, y3)
-            ia = add_i32x8(_mul_i32x8(ila, sca_lo), _mul_i32x8(iha, sca_hi))
-            ib = add_i32x8(_mul_i32x8(ilb, scb_lo), _mul_i32x8(ihb, scb_hi))
-            _store_i32x8(iacc, t * 16, add_i32x8(load_i32x8(iacc, t * 16), ia))
-            _store_i32x8(iacc, t * 16 + 8, add_i32x8(load_i32x8(iacc, t * 16 + 8), ib))
+            iha = dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, z, ha0, y0), ha1, y1), ha2, y2), ha3, y3)
+            ihb = dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, z, hb0, y0), hb1, y1), hb2, y2), hb3, y3)
+            ia = add_i32x8(mul_i32x8(ila, sca_lo), mul_i32x8(iha, sca_hi))
+            ib = add_i32x8(mul_i32x8(ilb, scb_lo), mul_i32x8(ihb, scb_hi))
+            store_i32x8(iacc, t * 16, add_i32x8(load_i32x8(iacc, t * 16), ia))
+            store_i32x8(iacc, t * 16 + 8, add_i32x8(load_i32x8(iacc, t * 16 + 8), ib))
     da = _f16_pairs(w, o)
     db = _f16_pairs(w, o + 8)
     half = splat_f32x8(0.5)  # each row sits on 2 lanes: its mins term once per row
-    dma = _mul_f32x8(_f16_pairs(w, o + 16), half)
-    dmb = _mul_f32x8(_f16_pairs(w, o + 24), half)
+    dma = mul_f32x8(_f16_pairs(w, o + 16), half)
+    dmb = mul_f32x8(_f16_pairs(w, o + 24), half)
     for t in range(nt):
         col = ycol[c + t]
         ms = col * (K // 32) + b * 8
         ma = mb = zero_i32x8()
         for j in range(8):
-            yj = _splat_i32x8(ysum[ms + j])
-            ma = add_i32x8(ma, _mul_i32x8(_u8_pairs(w, o + 96 + 8 * j), yj))
-            mb = add_i32x8(mb, _mul_i32x8(_u8_pairs(w, o + 100 + 8 * j), yj))
+            yj = splat_i32x8(ysum[ms + j])
+            ma = add_i32x8(ma, mul_i32x8(_u8_pairs(w, o + 96 + 8 * j), yj))
+            mb = add_i32x8(mb, mul_i32x8(_u8_pairs(w, o + 100 + 8 * j), yj))
         dy = splat_f32x8(yd[col * nbk + b])
-        fa = _sub_f32x8(fma_i32x8_f32x8(_load_f32x8(acc, t * 16), load_i32x8(iacc, t * 16), _mul_f32x8(da, dy)),
-                        _mul_f32x8(_cvt_f32x8(ma), _mul_f32x8(dma, dy)))
-        fb = _sub_f32x8(fma_i32x8_f32x8(_load_f32x8(acc, t * 16 + 8), load_i32x8(iacc, t * 16 + 8),
-                                        _mul_f32x8(db, dy)),
-                        _mul_f32x8(_cvt_f32x8(mb), _mul_f32x8(dmb, dy)))
-        _store_f32x8(acc, t * 16, fa)
-        _store_f32x8(acc, t * 16 + 8, fb)
+        fa = sub_f32x8(fma_i32x8_f32x8(load_f32x8(acc, t * 16), load_i32x8(iacc, t * 16), mul_f32x8(da, dy)),
+                        mul_f32x8(i32x8_to_f32x8(ma), mul_f32x8(dma, dy)))
+        fb = sub_f32x8(fma_i32x8_f32x8(load_f32x8(acc, t * 16 + 8), load_i32x8(iacc, t * 16 + 8),
+                                        mul_f32x8(db, dy)),
+                        mul_f32x8(i32x8_to_f32x8(mb), mul_f32x8(dmb, dy)))
+        store_f32x8(acc, t * 16, fa)
+        store_f32x8(acc, t * 16 + 8, fb)
 
 
 def _block(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
@@ -549,26 +382,14 @@ def _ol_block(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
 
 
 # --- gemv: one column, accumulators in registers ------------------------------------------------
-@intrinsic
-def _lane(typingctx, v, i):
-    """Lane i of a float32 x 8 vector."""
-    if v != F32x8 or not isinstance(i, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1], types.intp))
-
-    return types.float32(F32x8, i), codegen
-
-
 @njit(cache=True, inline="always")
 def _store_rows(out, oo, rows, n, a, b):
     """out[oo + r] = sum of the lanes of accumulators a (lanes 0-7) and b (8-15) that hold row r."""
     for r in range(n):
         out[oo + r] = 0.0
-    for lane in range(8):
-        out[oo + rows[lane]] += _lane(a, lane)
-        out[oo + rows[lane + 8]] += _lane(b, lane)
+    for i in range(8):
+        out[oo + rows[i]] += lane(a, i)
+        out[oo + rows[i + 8]] += lane(b, i)
 
 
 @njit(cache=True, inline="always")
@@ -582,23 +403,23 @@ def _gemv_q4(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, 
         qo = o + _head(lay)
         y = col * K + b * 32
         blk = col * nbk + b
-        init = _splat_i32x8(np.int32(_corr(lay) * ysum[blk]))
+        init = splat_i32x8(np.int32(_corr(lay) * ysum[blk]))
         dy = splat_f32x8(yd[blk])
-        l0, h0 = _nibbles(load_i8x32(w, qo), _mask(lay))
-        l1, h1 = _nibbles(load_i8x32(w, qo + 32), _mask(lay))
+        l0, h0 = split_nibbles_i8x32(load_i8x32(w, qo), _mask(lay))
+        l1, h1 = split_nibbles_i8x32(load_i8x32(w, qo + 32), _mask(lay))
         if _is8(lay):
-            l2, h2 = _nibbles(load_i8x32(w, qo + 64), _mask(lay))
-            l3, h3 = _nibbles(load_i8x32(w, qo + 96), _mask(lay))
-            ia = _dot(isa, _dot(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
-            ia = _dot(isa, _dot(isa, ia, l2, _yop(lay, yq, y + 8)), h2, _yop(lay, yq, y + 24))
-            ib = _dot(isa, _dot(isa, init, l1, _yop(lay, yq, y)), h1, _yop(lay, yq, y + 16))
-            ib = _dot(isa, _dot(isa, ib, l3, _yop(lay, yq, y + 8)), h3, _yop(lay, yq, y + 24))
-            fa = fma_i32x8_f32x8(fa, ia, _mul_f32x8(_scales(lay, w, o, 0), dy))
-            fb = fma_i32x8_f32x8(fb, ib, _mul_f32x8(_scales(lay, w, o, 1), dy))
+            l2, h2 = split_nibbles_i8x32(load_i8x32(w, qo + 64), _mask(lay))
+            l3, h3 = split_nibbles_i8x32(load_i8x32(w, qo + 96), _mask(lay))
+            ia = dot_u8s8(isa, dot_u8s8(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
+            ia = dot_u8s8(isa, dot_u8s8(isa, ia, l2, _yop(lay, yq, y + 8)), h2, _yop(lay, yq, y + 24))
+            ib = dot_u8s8(isa, dot_u8s8(isa, init, l1, _yop(lay, yq, y)), h1, _yop(lay, yq, y + 16))
+            ib = dot_u8s8(isa, dot_u8s8(isa, ib, l3, _yop(lay, yq, y + 8)), h3, _yop(lay, yq, y + 24))
+            fa = fma_i32x8_f32x8(fa, ia, mul_f32x8(_scales(lay, w, o, 0), dy))
+            fb = fma_i32x8_f32x8(fb, ib, mul_f32x8(_scales(lay, w, o, 1), dy))
         else:  # A and B lanes hold the same rows: one float update
-            ia = _dot(isa, _dot(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
-            ib = _dot(isa, _dot(isa, init, l1, _yop(lay, yq, y + 8)), h1, _yop(lay, yq, y + 24))
-            fa = fma_i32x8_f32x8(fa, add_i32x8(ia, ib), _mul_f32x8(_scales(lay, w, o, 0), dy))
+            ia = dot_u8s8(isa, dot_u8s8(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
+            ib = dot_u8s8(isa, dot_u8s8(isa, init, l1, _yop(lay, yq, y + 8)), h1, _yop(lay, yq, y + 24))
+            fa = fma_i32x8_f32x8(fa, add_i32x8(ia, ib), mul_f32x8(_scales(lay, w, o, 0), dy))
         if _is_q4_1(lay):  # m * s, shared by the lanes of a row (inv_lpr: 1 / lanes per row, exact)
             sm = splat_f32x8(ys[blk] * np.float32(_inv_lpr(lay)))
             fa = fma_f32x8(fa, _scales(lay, w, o + 2 * lay_rows(lay), 0), sm)
@@ -616,12 +437,12 @@ def _gemv_q8(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, 
         qo = o + 8
         y = col * K + b * 32
         blk = col * nbk + b
-        init = _splat_i32x8(np.int32(_q8_corr(isa) * ysum[blk]))
+        init = splat_i32x8(np.int32(_q8_corr(isa) * ysum[blk]))
         ia = _dot_q8(isa, _dot_q8(isa, init, load_i8x32(w, qo), _bcast4x2(yq, y)),
                      load_i8x32(w, qo + 64), _bcast4x2(yq, y + 16))
         ib = _dot_q8(isa, _dot_q8(isa, init, load_i8x32(w, qo + 32), _bcast4x2(yq, y + 8)),
                      load_i8x32(w, qo + 96), _bcast4x2(yq, y + 24))
-        fa = fma_i32x8_f32x8(fa, add_i32x8(ia, ib), _mul_f32x8(_f16_quad2(w, o), splat_f32x8(yd[blk])))
+        fa = fma_i32x8_f32x8(fa, add_i32x8(ia, ib), mul_f32x8(_f16_quad2(w, o), splat_f32x8(yd[blk])))
     _store_rows(out, oo, rows, 4, fa, zero_f32x8())
 
 
@@ -645,7 +466,9 @@ def _ol_gemv(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, 
         isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows)
 
 
-_has_gemv = _const_overload("_has_gemv", lambda t: _gemv_kernel(t) is not None)
+@token_constant
+def _has_gemv(lay):
+    return _gemv_kernel(lay) is not None
 
 
 # --- activation quantization, inside the kernel ----------------------------------------------------
@@ -667,18 +490,26 @@ def _ysum(s4, ysum, per, i0, i1):
 def _ol_quant(lay, x, qs, yd, ys, s4, ysum, r0, r1):
     if lay.family == "q4_K":
         def q8k(lay, x, qs, yd, ys, s4, ysum, r0, r1):
-            q8k_rows(x, qs, yd, s4, r0, r1)
+            quantize_rows_q8_K(x, qs, yd, s4, r0, r1)
             _ysum(s4, ysum, 2, r0 * (x.shape[1] // 32), r1 * (x.shape[1] // 32))
         return q8k
 
     def q8(lay, x, qs, yd, ys, s4, ysum, r0, r1):
-        q8_rows(x, qs, yd, ys, s4, r0, r1)
+        quantize_rows_q8(x, qs, yd, ys, s4, r0, r1)
         _ysum(s4, ysum, 8, r0 * (x.shape[1] // 32), r1 * (x.shape[1] // 32))
     return q8
 
 
-_qblock = _const_overload("_qblock", lambda t: 256 if t.family == "q4_K" else 32)
-_sgroup = _const_overload("_sgroup", lambda t: 16 if t.family == "q4_K" else 4)
+@token_constant
+def _qblock(lay):
+    """Values per activation block (Q8_K: 256)."""
+    return 256 if lay.family == "q4_K" else 32
+
+
+@token_constant
+def _sgroup(lay):
+    """Values per entry of the activation sums s4 (Q8_K's bsums: 16)."""
+    return 16 if lay.family == "q4_K" else 4
 
 QUANT_PARALLEL_MIN = 1 << 16  # activation values below which quantizing serially beats a second region
 

@@ -1,4 +1,5 @@
-"""CPU_REPACK as a buffer type: registration, write-only rules, supports_op, MoE, fallback."""
+"""CPU_REPACK as a buffer type: registration, write-only rules, supports_op, one layout choice
+and one verdict per op, launches, MoE, fallback."""
 from __future__ import annotations
 
 import os
@@ -7,16 +8,19 @@ import sys
 
 import numpy as np
 import pytest
-from repack_testing import alloc, repack_buft, run_repacked
+from repack_testing import repack_buft, run_repacked
 
 from ggx import registry
-from ggx.errors import GGXUnsupported
-from ggx.graph import Context
-from ggx.hookspecs import PRIORITY_REPACK
+from ggx.alloc import alloc_tensors
+from ggx.errors import GGXError, GGXUnsupported
+from ggx.graph import Context, build_graph
 from ggx.quants import dequantize, quantize
 from ggx.types import GType
 from ggx_cpu import isa
+from ggx_cpu.device import CpuDevice
+from ggx_repack import buffer as repack_buffer
 from ggx_repack.buffer import RepackBufferType
+from ggx_repack.plugin import PRIORITY_REPACK
 
 
 def weight(ctx, gtype=GType.Q4_0, K=256, M=16, E=1):
@@ -30,13 +34,19 @@ def test_registered_for_the_cpu_device_only(cpu):
     assert not any(isinstance(b, RepackBufferType) for b in registry.extra_buffer_types(registry.get_device("ref")))
     from ggx_repack import plugin
     assert plugin.ggx_extra_buffer_types(cpu)[0][0] == PRIORITY_REPACK
+    # ggx-cpu's device class decides, not the name: a renamed CPU device gets it, a device named CPU not
+    renamed = CpuDevice()
+    renamed.name = "CPU1"
+    assert isinstance(plugin.ggx_extra_buffer_types(renamed)[0][1], RepackBufferType)
+    impostor = type("Impostor", (type(registry.get_device("ref")),), {"name": "CPU"})()
+    assert plugin.ggx_extra_buffer_types(impostor) is None
 
 
 def test_set_tensor_whole_only_and_write_only(cpu):
     buft = repack_buft(cpu)
     ctx = Context()
     w = weight(ctx)
-    alloc(buft, [w])
+    alloc_tensors(buft, [w])
     raw = np.zeros(w.nbytes, np.uint8)
     with pytest.raises(GGXUnsupported, match="set whole"):
         w.buffer.set_tensor(w, raw[:18], 0)
@@ -46,15 +56,30 @@ def test_set_tensor_whole_only_and_write_only(cpu):
     with pytest.raises(GGXUnsupported, match="write-only"):
         w.buffer.get_tensor(w)
     other = Context().tensor(GType.Q4_0, (256, 16))
-    with pytest.raises(GGXUnsupported, match="write-only"):
-        w.buffer.cpy_tensor(other, w)
+    assert w.buffer.cpy_tensor(other, w) is False  # declines, per the contract: set_tensor repacks
+
+
+def test_free_releases_the_memory(cpu):
+    buft = repack_buft(cpu)
+    ctx = Context()
+    w = weight(ctx)
+    buf = alloc_tensors(buft, [w])
+    buf.free()
+    assert buf.is_freed
+    for access in (lambda: buf.set_tensor(w, np.zeros(w.nbytes, np.uint8)), lambda: buf.clear(0),
+                   lambda: buf.memset_tensor(w, 0)):
+        with pytest.raises(GGXError, match="freed"):
+            access()
+    op = ctx.mul_mat(w, ctx.tensor(GType.F32, (256, 1)))
+    with pytest.raises(GGXError, match="freed"):
+        buft.prepare_forward(op, 1)
 
 
 def test_tensor_without_layout_is_refused(cpu):
     buft = repack_buft(cpu)
     ctx = Context()
     w = ctx.tensor(GType.Q6_K, (256, 16), "w")
-    alloc(buft, [w])
+    alloc_tensors(buft, [w])
     with pytest.raises(GGXUnsupported, match="no repacked layout"):
         w.buffer.set_tensor(w, np.zeros(w.nbytes, np.uint8), 0)
 
@@ -69,7 +94,7 @@ def test_supports_op_follows_the_selection(cpu, gtype, M, ok, monkeypatch):
     ctx = Context()
     w = weight(ctx, gtype, M=M)
     op = ctx.mul_mat(w, ctx.tensor(GType.F32, (256, 3)))
-    alloc(buft, [w])
+    alloc_tensors(buft, [w])
     assert buft.supports_op(op) is ok
     assert cpu.supports_op(op) is ok
 
@@ -79,13 +104,86 @@ def test_supports_op_refuses_other_ops_and_3d_mul_mat(cpu):
     ctx = Context()
     w3 = weight(ctx, E=2)
     w = weight(ctx)
-    alloc(buft, [w3, w])
+    alloc_tensors(buft, [w3, w])
     assert not buft.supports_op(ctx.mul_mat(w3, ctx.tensor(GType.F32, (256, 3, 2))))
     assert not buft.supports_op(ctx.get_rows(w, ctx.tensor(GType.I32, (2,))))
+    # what supports_op refuses, prepare_forward refuses with the reason (never a None that
+    # would hand a repacked weight to a CPU kernel)
     with pytest.raises(GGXUnsupported, match="not a matmul"):
-        buft.compute_forward(ctx.get_rows(w, ctx.tensor(GType.I32, (2,))), 1)
+        buft.prepare_forward(ctx.get_rows(w, ctx.tensor(GType.I32, (2,))), 1)
     host_w = weight(ctx)
-    assert buft.compute_forward(ctx.mul_mat(host_w, ctx.tensor(GType.F32, (256, 1))), 1) is False
+    with pytest.raises(GGXUnsupported, match="is not in CPU_REPACK"):
+        buft.prepare_forward(ctx.mul_mat(host_w, ctx.tensor(GType.F32, (256, 1))), 1)
+
+
+def test_a_weight_layout_is_chosen_once(cpu, monkeypatch):
+    """get_alloc_size, init_tensor, set_tensor, supports_op and prepare_forward all use the one
+    choice, even if the selection would now choose otherwise."""
+    chosen = []
+    real = repack_buffer.optimal_layout
+
+    def optimal_layout(*args):
+        chosen.append(args[:2])
+        return real(*args)
+
+    monkeypatch.setattr(repack_buffer, "optimal_layout", optimal_layout)
+    monkeypatch.delenv("GGX_REPACK_LAYOUTS", raising=False)
+    buft = repack_buft(cpu)
+    ctx = Context()
+    w = weight(ctx, GType.Q4_0, M=16)
+    op = ctx.mul_mat(w, ctx.tensor(GType.F32, (256, 1)))
+    alloc_tensors(buft, [w])
+    lay = w.extra
+    monkeypatch.setenv("GGX_REPACK_LAYOUTS", "q4_0_4x4")  # the selection would now choose another
+    w.buffer.set_tensor(w, quantize(np.ones((16, 256), np.float32), GType.Q4_0).reshape(-1), 0)
+    assert buft.supports_op(op) and callable(buft.prepare_forward(op, 1))
+    assert chosen == [(GType.Q4_0, 16)] and w.extra is lay and buft.layout_for(w) is lay
+    assert lay.name != "q4_0_4x4"
+
+
+def test_why_not_runs_once_per_op_and_storage(cpu, monkeypatch):
+    """The verdict is kept per op node, and asked again only when its sources' storage changed
+    (the scheduler may ask before the activations have storage, the backend after)."""
+    asked = []
+    real = RepackBufferType._why_not
+    monkeypatch.setattr(RepackBufferType, "_why_not", lambda self, op: asked.append(op) or real(self, op))
+    buft = repack_buft(cpu)
+    ctx = Context()
+    w = weight(ctx)
+    x = ctx.tensor(GType.F32, (256, 2))
+    op = ctx.mul_mat(w, x)
+    assert not buft.supports_op(op) and not buft.supports_op(op)  # the weight is nowhere yet
+    assert len(asked) == 1
+    alloc_tensors(buft, [w])
+    assert buft.supports_op(op) and len(asked) == 2
+    alloc_tensors(cpu.buffer_type(), [x])
+    for _ in range(3):
+        assert buft.supports_op(op) and cpu.supports_op(op)
+    w.buffer.set_tensor(w, np.zeros(w.nbytes, np.uint8), 0)
+    buft.prepare_forward(op, 1)
+    assert asked == [op, op, op]
+    x.buffer = registry.get_device("ref").buffer_type().alloc_buffer(x.nbytes)  # other host memory
+    assert buft.supports_op(op) and len(asked) == 4
+
+
+def test_the_cpu_backend_runs_the_launch_of_every_op_it_accepted(cpu, cpu_backend):
+    """A repacked weight's matmul runs repack's launch, bound once per graph."""
+    rng = np.random.default_rng(3)
+    ctx = Context()
+    w = weight(ctx, GType.Q8_0, M=8)
+    x = ctx.tensor(GType.F32, (256, 2), "x")
+    out = ctx.mul_mat(w, x)
+    raw = quantize(rng.standard_normal((8, 256)).astype(np.float32), GType.Q8_0).reshape(-1)
+    xv = rng.standard_normal((2, 256)).astype(np.float32)
+    got, weights = run_repacked(cpu, cpu_backend, repack_buft(cpu), out, {w: raw, x: xv.view(np.uint8).reshape(-1)})
+    assert weights == [w]
+    ref = xv @ dequantize(raw, GType.Q8_0, 8 * 256).reshape(8, 256).T
+    assert np.abs(got.reshape(2, 8) - ref).max() < 0.02 * np.abs(ref).max()
+    graph = build_graph(out)
+    cpu_backend.graph_compute(graph)
+    kept = cpu_backend.prepared.kept(graph)
+    cpu_backend.graph_compute(graph)
+    assert cpu_backend.prepared.kept(graph) is kept and len(kept.launches) == 1
 
 
 @pytest.mark.parametrize("n", [1, 3, 8, 21])

@@ -1,29 +1,102 @@
-"""Portable quantized dot products: plain numba loops written so LLVM vectorizes them anywhere.
+"""The portable variant: plain numba loops written so LLVM vectorizes them anywhere, and 8-bit
+products in target-independent LLVM IR.
 
-Same functions, signatures and layouts as `ggx_cpu.isa.vector` (read its docstring); the
-`isa` argument is ignored. Two habits make LLVM vectorize these loops (MEASURED.md): every
-integer intermediate is narrowed to int16 (numba would otherwise widen int8 products to
-int64), and each row keeps per-lane float accumulators (16 lanes) across its blocks, summed
-once at the end.
+The kernels: same functions, signatures and layouts as `ggx_cpu.isa.vector` (read its
+docstring); the `isa` argument is ignored. Two habits make LLVM vectorize these loops
+(docs/perf-notes.md): every integer intermediate is narrowed to int16 (numba would otherwise widen
+int8 products to int64), and each row keeps per-lane float accumulators (16 lanes) across its
+blocks, summed once at the end.
 
-The K-quant dots (Q4_K, Q6_K with Q8_K activations) live here only and serve every ISA:
+The K-quant dots (Q4_K, Q6_K with Q8_K activations) are written here for the portable variant:
 activation layout `yq` values from `yo`, `yd` f32 per 256 values at `yo // 256 + b`, `ys4`
 the Q8_K bsums (int32 per 16 values) at `yo // 16 + g`.
 Q4_K block (144 B): f16 d @0, f16 dmin @2, 12 B packed 6-bit scales/mins @4, 128 B nibbles @16.
 Q6_K block (210 B): 128 B low nibbles @0, 64 B high 2-bit pairs @128, 16 x i8 scales @192,
 f16 d @208.
+
+The products (`dot_u8s8`, `dot_s8s8`, `dot_u8s8_scaled`, for `ggx_cpu.isa.dispatch`) widen the
+bytes to int32 and multiply: exact for every input, on any target, so that a kernel written
+with `ggx_cpu.isa.dispatch` also runs where no vector ISA is available.
 """
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
+from numba.extending import intrinsic
 
-from .simd import f16_bits_to_f32
+from .codegen import i32_vector
+from .simd import I8x32, I16x16, I32x8, f16_bits_to_f32
 
-NAME = "portable"
-REQUIRES: tuple[str, ...] = ()
+#: whether `dot_u8s8` saturates its byte-pair sums (no: every product is exact)
+U8S8_SATURATES = False
 
 
+def _group_sums(builder, p, n: int, group: int):
+    """Lane i = p[group * i] + ... + p[group * i + group - 1] of an n-lane vector p."""
+    total = None
+    for j in range(group):
+        part = builder.shuffle_vector(p, p, i32_vector(range(j, n, group)))
+        total = part if total is None else builder.add(total, part)
+    return total
+
+
+def _widened_product(builder, u, s, u_signed: bool):
+    w32 = ir.VectorType(ir.IntType(32), 32)
+    return builder.mul(builder.sext(u, w32) if u_signed else builder.zext(u, w32), builder.sext(s, w32))
+
+
+def _make_dot_bytes(u_signed: bool):
+    """An intrinsic (acc, u, s) -> acc + the 4-byte dot products of u and s (u unsigned, or
+    signed when u_signed), in int32."""
+    @intrinsic
+    def dot(typingctx, acc, u, s):
+        if acc != I32x8 or u != I8x32 or s != I8x32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _widened_product(builder, args[1], args[2], u_signed)
+            return builder.add(args[0], _group_sums(builder, p, 32, 4))
+
+        return I32x8(I32x8, I8x32, I8x32), codegen
+
+    return dot
+
+
+_dot_u8s8 = _make_dot_bytes(False)
+_dot_s8s8 = _make_dot_bytes(True)
+
+
+@intrinsic
+def _dot_bytes_scaled(typingctx, acc, u, s, sc):
+    """acc + sum over pairs k of lane i of (u[2k] s[2k] + u[2k+1] s[2k+1]) * sc[k], in int32."""
+    if acc != I32x8 or u != I8x32 or s != I8x32 or sc != I16x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        pairs = _group_sums(builder, _widened_product(builder, args[1], args[2], False), 32, 2)
+        scaled = builder.mul(pairs, builder.sext(args[3], ir.VectorType(ir.IntType(32), 16)))
+        return builder.add(args[0], _group_sums(builder, scaled, 16, 2))
+
+    return I32x8(I32x8, I8x32, I8x32, I16x16), codegen
+
+
+def dot_u8s8(isa, acc, u, s):
+    """Lane-wise acc + u . s for unsigned u and signed s, exact."""
+    return _dot_u8s8(acc, u, s)
+
+
+def dot_s8s8(isa, acc, w, y, ysum4):
+    """Lane-wise acc + w . y for signed w and y, exact (ysum4 unused)."""
+    return _dot_s8s8(acc, w, y)
+
+
+def dot_u8s8_scaled(isa, acc, u, s, sc):
+    """acc + the byte-pair sums of u * s times the int16 scales sc, exact (no int16 saturation)."""
+    return _dot_bytes_scaled(acc, u, s, sc)
+
+
+# --- the kernels -------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
 def _f16(w, o):
     return f16_bits_to_f32(w[o] | (w[o + 1] << 8))

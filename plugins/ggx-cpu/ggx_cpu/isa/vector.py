@@ -1,7 +1,7 @@
 """Q4_0 / Q4_1 / Q8_0 dot products on SIMD vectors, one source for every vector ISA.
 
-The ISA-specific part is the 8-bit product `dot_u8s8` / `dot_s8s8`, dispatched on the type of
-the `isa` token (see `ggx_cpu.isa.simd`): AVX2 (vpmaddubsw + vpmaddwd) or AVX-512 VNNI
+The ISA-specific part is the 8-bit product `dot_u8s8` / `dot_s8s8` of `ggx_cpu.isa.dispatch`,
+specialized by the type of the `isa` token: AVX2 (vpmaddubsw + vpmaddwd) or AVX-512 VNNI
 (vpdpbusd). Everything else (loads, nibble expansion, int -> float, fma) is plain LLVM IR.
 
 Layouts (shared with `ggx_cpu.isa.portable`, which has the same functions and signatures):
@@ -13,26 +13,18 @@ Layouts (shared with `ggx_cpu.isa.portable`, which has the same functions and si
   a column starts at value `yo`; `yd` float32 block scale at `yo // 32 + b`; `ys` float32
   Q8_1 `s` (d * sum q) at `yo // 32 + b`; `ys4` int32 sums of 4 consecutive values at `yo // 4 + i`.
 - per-lane accumulators: a row keeps 8 float lanes across all its blocks and sums them once.
-- row quads (`rows4_*`, the gemv): 4 weight rows x 1 column, result r to out[oo + r]; an ISA
-  module may define its own (`avx512_vnni` does: two blocks per 512-bit step), which the
-  matmul kernel then uses instead of these.
+- row quads (`rows4_*`, the gemv): 4 weight rows x 1 column, result r to out[oo + r]
+  (`ggx_cpu.isa.vector_avx512` has 512-bit ones of Q4_0/Q4_1 for AVX-512 VNNI).
 - tiles: 4 weight rows (at wo + r * wrs) x 4 columns (at yo0..yo3) with 16 accumulators;
   result (r, c) goes to out[oo_c + r].
 """
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import njit
-from numba.core import types
-from numba.extending import intrinsic, overload
 
+from .dispatch import dot_s8s8, dot_u8s8
 from .simd import (
-    F32x8,
-    I8x32,
-    IsaType,
-    _elem_ptr,
-    _llty,
     at,
     f16_at,
     fma_f32x8,
@@ -41,109 +33,21 @@ from .simd import (
     load_i8x16,
     load_i8x32,
     load_i32x8,
+    mul_f32x8,
     mul_i32x8,
+    nibbles_at,
     nibbles_i8x32,
     prefetch_next_quad,
+    splat_f16_at,
     splat_f32x8,
     zero_f32x8,
     zero_i32x8,
 )
 
 
-def _isa_module(isa):
-    if not isinstance(isa, IsaType):
-        return None
-    if isa.isa_name == "avx512_vnni":
-        from . import avx512_vnni as m
-    elif isa.isa_name == "avx2":
-        from . import avx2 as m
-    else:
-        return None
-    return m
-
-
-def dot_u8s8(isa, acc, u, s):
-    """Lane-wise acc + u . s (u unsigned bytes, s signed bytes) with `isa`'s instruction."""
-
-
-def dot_s8s8(isa, acc, w, y, ysum4):
-    """Lane-wise acc + w . y (both signed bytes); ysum4 = the lanes' sums of y."""
-
-
-@overload(dot_u8s8, inline="always")
-def _ol_dot_u8s8(isa, acc, u, s):
-    m = _isa_module(isa)
-    if m is not None:
-        f = m.dot_u8s8
-        return lambda isa, acc, u, s: f(acc, u, s)
-
-
-@overload(dot_s8s8, inline="always")
-def _ol_dot_s8s8(isa, acc, w, y, ysum4):
-    m = _isa_module(isa)
-    if m is not None:
-        f = m.dot_s8s8
-        return lambda isa, acc, w, y, ysum4: f(acc, w, y, ysum4)
-
-
 @njit(cache=True, inline="always")
 def _f16(w, o):
     return f16_at(w, o)
-
-
-def _i32c(values):
-    return ir.Constant(ir.VectorType(ir.IntType(32), len(values)), [ir.Constant(ir.IntType(32), v) for v in values])
-
-
-@intrinsic
-def _nib(typingctx, w, o):
-    """The 16 bytes of nibbles at byte o of w as 32 unsigned values (low nibbles first).
-
-    The 16 bytes are loaded into both halves (vbroadcasti128, a pure load), the high half
-    shifted right by 4 as int32 lanes (vpsrlvd) and every byte masked to 0..15: two ALU
-    operations where and + shift + insert took three (the gemv is bound by them).
-    """
-    if not (isinstance(w, types.Array) and w.dtype in (types.int8, types.uint8) and isinstance(o, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
-        v16 = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
-        v32 = builder.shuffle_vector(v16, v16, _i32c(list(range(16)) * 2))
-        d = builder.lshr(builder.bitcast(v32, ir.VectorType(ir.IntType(32), 8)), _i32c([0] * 4 + [4] * 4))
-        mask = ir.Constant(_llty(I8x32), [ir.Constant(ir.IntType(8), 15)] * 32)
-        return builder.and_(builder.bitcast(d, _llty(I8x32)), mask)
-
-    return I8x32(w, types.intp), codegen
-
-
-@intrinsic
-def _f16_splat(typingctx, w, o):
-    """The IEEE half at byte o of w in all 8 float lanes: vpbroadcastw + vcvtph2ps, no scalar
-    round trip (vpinsrw + vcvtph2ps + vbroadcastss) per weight block."""
-    if not (isinstance(w, types.Array) and w.dtype in (types.int8, types.uint8) and isinstance(o, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
-        h = builder.load(builder.bitcast(ptr, ir.HalfType().as_pointer()), align=1)
-        hv = ir.Constant(ir.VectorType(ir.HalfType(), 8), ir.Undefined)
-        hv = builder.insert_element(hv, h, ir.Constant(ir.IntType(32), 0))
-        hv = builder.shuffle_vector(hv, hv, _i32c([0] * 8))
-        return builder.fpext(hv, _llty(F32x8))
-
-    return F32x8(w, types.intp), codegen
-
-
-@intrinsic
-def _mul_f32x8(typingctx, a, b):
-    if a != F32x8 or b != F32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fmul(args[0], args[1])
-
-    return F32x8(F32x8, F32x8), codegen
 
 
 @njit(cache=True, inline="always")
@@ -229,10 +133,10 @@ def rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         y = yo + b * 32
         # shared by the 4 rows: the activation block, its -8 * sums (lane start), its scale
         v, i, e = load_i8x32(yq, y), mul_i32x8(load_i32x8(ys4, y >> 2), -8), splat_f32x8(at(yd, y >> 5))
-        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, i, _nib(w, o0 + 2), v), _mul_f32x8(_f16_splat(w, o0), e))
-        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, i, _nib(w, o1 + 2), v), _mul_f32x8(_f16_splat(w, o1), e))
-        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, i, _nib(w, o2 + 2), v), _mul_f32x8(_f16_splat(w, o2), e))
-        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, i, _nib(w, o3 + 2), v), _mul_f32x8(_f16_splat(w, o3), e))
+        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, i, nibbles_at(w, o0 + 2), v), mul_f32x8(splat_f16_at(w, o0), e))
+        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, i, nibbles_at(w, o1 + 2), v), mul_f32x8(splat_f16_at(w, o1), e))
+        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, i, nibbles_at(w, o2 + 2), v), mul_f32x8(splat_f16_at(w, o2), e))
+        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, i, nibbles_at(w, o3 + 2), v), mul_f32x8(splat_f16_at(w, o3), e))
     out[oo] = hsum_f32x8(a0)
     out[oo + 1] = hsum_f32x8(a1)
     out[oo + 2] = hsum_f32x8(a2)
@@ -257,14 +161,14 @@ def rows4_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         prefetch_next_quad(w, wo, wrs, 80, b)
         y = yo + b * 32
         v, e, sy = load_i8x32(yq, y), splat_f32x8(at(yd, y >> 5)), splat_f32x8(at(ys, y >> 5) * np.float32(0.125))
-        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, z, _nib(w, o0 + 4), v), _mul_f32x8(_f16_splat(w, o0), e))
-        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, z, _nib(w, o1 + 4), v), _mul_f32x8(_f16_splat(w, o1), e))
-        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, z, _nib(w, o2 + 4), v), _mul_f32x8(_f16_splat(w, o2), e))
-        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, z, _nib(w, o3 + 4), v), _mul_f32x8(_f16_splat(w, o3), e))
-        p0 = fma_f32x8(p0, _f16_splat(w, o0 + 2), sy)
-        p1 = fma_f32x8(p1, _f16_splat(w, o1 + 2), sy)
-        p2 = fma_f32x8(p2, _f16_splat(w, o2 + 2), sy)
-        p3 = fma_f32x8(p3, _f16_splat(w, o3 + 2), sy)
+        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, z, nibbles_at(w, o0 + 4), v), mul_f32x8(splat_f16_at(w, o0), e))
+        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, z, nibbles_at(w, o1 + 4), v), mul_f32x8(splat_f16_at(w, o1), e))
+        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, z, nibbles_at(w, o2 + 4), v), mul_f32x8(splat_f16_at(w, o2), e))
+        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, z, nibbles_at(w, o3 + 4), v), mul_f32x8(splat_f16_at(w, o3), e))
+        p0 = fma_f32x8(p0, splat_f16_at(w, o0 + 2), sy)
+        p1 = fma_f32x8(p1, splat_f16_at(w, o1 + 2), sy)
+        p2 = fma_f32x8(p2, splat_f16_at(w, o2 + 2), sy)
+        p3 = fma_f32x8(p3, splat_f16_at(w, o3 + 2), sy)
     out[oo] = hsum_f32x8(a0) + hsum_f32x8(p0)
     out[oo + 1] = hsum_f32x8(a1) + hsum_f32x8(p1)
     out[oo + 2] = hsum_f32x8(a2) + hsum_f32x8(p2)
@@ -331,8 +235,8 @@ def tile_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         a13 = fma_i32x8_f32x8(a13, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
         a23 = fma_i32x8_f32x8(a23, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
         a33 = fma_i32x8_f32x8(a33, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
-    _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
-             a20, a21, a22, a23, a30, a31, a32, a33)
+    store_tile_4x4(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+                   a20, a21, a22, a23, a30, a31, a32, a33)
 
 
 @njit(cache=True)
@@ -380,8 +284,8 @@ def tile_q4_1(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         a13 = fma_i32x8_f32x8(a13, dot_u8s8(isa, z, w1, v), splat_f32x8(d1 * e))
         a23 = fma_i32x8_f32x8(a23, dot_u8s8(isa, z, w2, v), splat_f32x8(d2 * e))
         a33 = fma_i32x8_f32x8(a33, dot_u8s8(isa, z, w3, v), splat_f32x8(d3 * e))
-    _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
-             a20, a21, a22, a23, a30, a31, a32, a33)
+    store_tile_4x4(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+                   a20, a21, a22, a23, a30, a31, a32, a33)
     out[oo0 + 0] += p00
     out[oo1 + 0] += p01
     out[oo2 + 0] += p02
@@ -434,13 +338,14 @@ def tile_q8_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         a13 = fma_i32x8_f32x8(a13, dot_s8s8(isa, z, w1, v, s), splat_f32x8(d1 * e))
         a23 = fma_i32x8_f32x8(a23, dot_s8s8(isa, z, w2, v, s), splat_f32x8(d2 * e))
         a33 = fma_i32x8_f32x8(a33, dot_s8s8(isa, z, w3, v, s), splat_f32x8(d3 * e))
-    _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
-             a20, a21, a22, a23, a30, a31, a32, a33)
+    store_tile_4x4(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+                   a20, a21, a22, a23, a30, a31, a32, a33)
 
 
 @njit(cache=True, inline="always")
-def _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
-             a20, a21, a22, a23, a30, a31, a32, a33):
+def store_tile_4x4(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+                   a20, a21, a22, a23, a30, a31, a32, a33):
+    """out[oo_c + r] = the lane sum of accumulator a_rc: a 4 rows x 4 columns tile's results."""
     out[oo0 + 0] = hsum_f32x8(a00)
     out[oo1 + 0] = hsum_f32x8(a01)
     out[oo2 + 0] = hsum_f32x8(a02)

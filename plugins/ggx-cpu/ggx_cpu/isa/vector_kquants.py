@@ -2,7 +2,7 @@
 one source for every vector ISA, as `ggx_cpu.isa.vector` is for Q4_0/Q4_1/Q8_0.
 
 Functions here replace `ggx_cpu.isa.portable`'s of the same name under a vector ISA (see
-`ggx_cpu.kernels.matmul._vector_impl`); same signatures and layouts as there:
+`ggx_cpu.kernels.matmul`); same signatures and layouts as there:
 
 - weights `w`: uint8 ggml block bytes, a row at byte `wo`, `nb` super-blocks of 256 values.
   Q4_K block (144 B): f16 d @0, f16 dmin @2, 12 B packed 6-bit scales/mins @4, 128 B nibbles
@@ -18,7 +18,7 @@ The integer core is ggml's AVX2 one: `vpmaddubsw` multiplies the unsigned weight
 2 * 63 * 127, no saturation), and one more instruction multiplies those by the sub-block
 scale broadcast as int16 and adds pairs into int32 lanes: `vpmaddwd` (AVX2) or `vpdpwssd`
 (AVX-512 VNNI, which also accumulates). That is `dot_u8s8_scaled`, dispatched on the `isa`
-token like `vector.dot_u8s8`; it folds the per-sub-block scale into the pair sum, where
+token (`ggx_cpu.isa.dispatch`); it folds the per-sub-block scale into the pair sum, where
 `vector.dot_u8s8` followed by an int32 multiply would cost one more instruction per 32 values.
 Q4_K's mins and Q6_K's -32 offset are taken from the bsums per block (ggml does the same):
 Q4_K subtracts dmin * sum_j m_j (bsum_2j + bsum_2j+1), Q6_K uses unsigned q = value + 32 and
@@ -30,119 +30,30 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import njit
-from numba.core import cgutils, types
-from numba.extending import intrinsic, overload
+from numba.core import types
+from numba.extending import intrinsic
 
+from .avx2 import pshufb
+from .codegen import I8, I16, I32, I64, i32_vector, is_bytes_arg, load_vector, splat_const
+from .dispatch import dot_u8s8_scaled
 from .simd import (
     I8x32,
     I16x16,
     I32x8,
-    IsaType,
-    _elem_ptr,
-    _llty,
     add_i32x8,
     at,
     f16_at,
     fma_i32x8_f32x8,
     hsum_f32x8,
+    llvm_type,
     load_i8x32,
+    mul_i32x8,
     splat_f32x8,
+    sub_i32x8,
     zero_f32x8,
     zero_i32x8,
 )
-from .vector import _store16
-
-_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-
-
-def _ic(values) -> ir.Constant:
-    return ir.Constant(ir.VectorType(_I32, len(values)), [ir.Constant(_I32, v) for v in values])
-
-
-def _splat(ty: ir.IntType, n: int, v: int) -> ir.Constant:
-    return ir.Constant(ir.VectorType(ty, n), [ir.Constant(ty, v)] * n)
-
-
-def _bytes_arg(arr, off) -> bool:
-    return isinstance(arr, types.Array) and arr.dtype in (types.int8, types.uint8) and isinstance(off, types.Integer)
-
-
-def _load(context, builder, arrty, arr, off, llty):
-    ptr = _elem_ptr(context, builder, arrty, arr, off)
-    return builder.load(builder.bitcast(ptr, llty.as_pointer()), align=1)
-
-
-def _declare(builder, name, ret, args):
-    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
-
-
-# --- the ISA-specific scaled product ------------------------------------------------------------
-@intrinsic
-def _pmaddubsw(typingctx, u, s):
-    """int16 lane i = u[2i] s[2i] + u[2i+1] s[2i+1] (u unsigned, s signed; saturating, which the
-    callers' value ranges never reach). An AVX2 instruction: every host of both vector ISAs has it."""
-    if u != I8x32 or s != I8x32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        fn = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", _llty(I16x16), [_llty(I8x32)] * 2)
-        return builder.call(fn, args)
-
-    return I16x16(I8x32, I8x32), codegen
-
-
-@intrinsic
-def _pmaddwd_add(typingctx, acc, p, sc):
-    """acc + (int32 lane i = p[2i] sc[2i] + p[2i+1] sc[2i+1]): vpmaddwd + vpaddd (AVX2)."""
-    if acc != I32x8 or p != I16x16 or sc != I16x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        fn = _declare(builder, "llvm.x86.avx2.pmadd.wd", _llty(I32x8), [_llty(I16x16)] * 2)
-        return builder.add(args[0], builder.call(fn, [args[1], args[2]]))
-
-    return I32x8(I32x8, I16x16, I16x16), codegen
-
-
-@intrinsic
-def _vpdpwssd(typingctx, acc, p, sc):
-    """The same as `_pmaddwd_add` in one instruction (AVX-512 VNNI, 256-bit form)."""
-    if acc != I32x8 or p != I16x16 or sc != I16x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        v8 = _llty(I32x8)
-        fn = _declare(builder, "llvm.x86.avx512.vpdpwssd.256", v8, [v8, v8, v8])
-        return builder.call(fn, [args[0], builder.bitcast(args[1], v8), builder.bitcast(args[2], v8)])
-
-    return I32x8(I32x8, I16x16, I16x16), codegen
-
-
-@njit(cache=True, inline="always")
-def _scaled_avx2(acc, u, s, sc):
-    return _pmaddwd_add(acc, _pmaddubsw(u, s), sc)
-
-
-@njit(cache=True, inline="always")
-def _scaled_vnni(acc, u, s, sc):
-    return _vpdpwssd(acc, _pmaddubsw(u, s), sc)
-
-
-def dot_u8s8_scaled(isa, acc, u, s, sc):
-    """Lane-wise acc + sum over the lane's 4 bytes of u * s * sc (u unsigned, s signed bytes;
-    sc int16 per byte pair: lane i's pairs 2i, 2i+1 take sc[2i], sc[2i+1])."""
-
-
-@overload(dot_u8s8_scaled, inline="always")
-def _ol_dot_u8s8_scaled(isa, acc, u, s, sc):
-    if not isinstance(isa, IsaType):
-        return None
-    if isa.isa_name == "avx512_vnni":
-        return lambda isa, acc, u, s, sc: _scaled_vnni(acc, u, s, sc)
-    if isa.isa_name == "avx2":
-        return lambda isa, acc, u, s, sc: _scaled_avx2(acc, u, s, sc)
-    return None
-
+from .vector import store_tile_4x4
 
 # --- loads and unpacking -------------------------------------------------------------------------
 # Every unpacking intrinsic returns a super-block as 8 runs of 32 values (run c = values 32c..
@@ -156,31 +67,24 @@ _SCALES = types.UniTuple(I16x16, 8)
 def _q4_K_quants(typingctx, w, o):
     """The 256 values of the Q4_K block at byte o, 0..15: run 2j = low nibbles of bytes
     16 + 32j .. 16 + 32j + 31, run 2j + 1 = their high nibbles."""
-    if not _bytes_arg(w, o):
+    if not is_bytes_arg(w, o):
         return None
 
     def codegen(context, builder, sig, args):
-        m = _splat(_I8, 32, 15)
+        m = splat_const(I8, 32, 15)
         o0 = context.cast(builder, args[1], sig.args[1], types.intp)
         runs = []
         for j in range(4):
-            off = builder.add(o0, ir.Constant(ir.IntType(64), 16 + 32 * j))
-            v = _load(context, builder, sig.args[0], args[0], off, _llty(I8x32))
+            off = builder.add(o0, ir.Constant(I64, 16 + 32 * j))
+            v = load_vector(context, builder, sig.args[0], args[0], off, llvm_type(I8x32))
             # the high nibbles by an int32 shift (x86 has no byte shift), the mask drops what
             # crossed over from the neighbouring byte
-            hi = builder.bitcast(builder.lshr(builder.bitcast(v, _llty(I32x8)), _splat(_I32, 8, 4)), _llty(I8x32))
+            hi = builder.lshr(builder.bitcast(v, llvm_type(I32x8)), splat_const(I32, 8, 4))
+            hi = builder.bitcast(hi, llvm_type(I8x32))
             runs += [builder.and_(v, m), builder.and_(hi, m)]
         return context.make_tuple(builder, sig.return_type, runs)
 
     return _QUANTS(w, types.intp), codegen
-
-
-def _pshufb(builder, v, mask):
-    """vpshufb on 32 bytes with a constant mask (an index >= 128 gives 0): byte i takes byte
-    mask[i] of its own 16-byte half. An AVX2 instruction, on every host of both vector ISAs."""
-    v8 = _llty(I8x32)
-    fn = _declare(builder, "llvm.x86.avx2.pshuf.b", v8, [v8, v8])
-    return builder.call(fn, [v, ir.Constant(v8, [ir.Constant(_I8, m) for m in mask])])
 
 
 @intrinsic
@@ -191,25 +95,25 @@ def _q4_K_scales(typingctx, w, o):
     mins 4..7]: scale j < 4 = q[j] & 63, min j < 4 = q[4 + j] & 63, scale 4 + i =
     (q[8 + i] & 15) | (q[i] >> 6) << 4, min 4 + i = (q[8 + i] >> 4) | (q[4 + i] >> 6) << 4.
     (The 16-byte load reads 4 bytes of the nibbles after the scales; they are dropped.)"""
-    if not _bytes_arg(w, o):
+    if not is_bytes_arg(w, o):
         return None
 
     def codegen(context, builder, sig, args):
-        v4 = ir.VectorType(_I32, 4)
-        off = builder.add(context.cast(builder, args[1], sig.args[1], types.intp), ir.Constant(ir.IntType(64), 4))
-        u = _load(context, builder, sig.args[0], args[0], off, v4)  # [u0, u1, u2, -]
-        low = builder.shuffle_vector(u, u, _ic([0, 2, 1, 2]))
-        top = builder.shuffle_vector(u, ir.Constant(v4, None), _ic([4, 0, 4, 1]))  # 2-bit tops; 0 for words 0, 2
+        v4 = ir.VectorType(I32, 4)
+        off = builder.add(context.cast(builder, args[1], sig.args[1], types.intp), ir.Constant(I64, 4))
+        u = load_vector(context, builder, sig.args[0], args[0], off, v4)  # [u0, u1, u2, -]
+        low = builder.shuffle_vector(u, u, i32_vector([0, 2, 1, 2]))
+        top = builder.shuffle_vector(u, ir.Constant(v4, None), i32_vector([4, 0, 4, 1]))  # 2-bit tops; 0 for words 0, 2
 
         def c4(*v):
-            return _ic(v)
+            return i32_vector(v)
 
         low = builder.and_(builder.lshr(low, c4(0, 0, 0, 4)), c4(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F))
         top = builder.shl(builder.and_(builder.lshr(top, c4(6, 6, 6, 6)), c4(*[0x03030303] * 4)), c4(4, 4, 4, 4))
-        b16 = builder.bitcast(builder.or_(low, top), ir.VectorType(_I8, 16))  # scales 0..7, mins 0..7
-        both = builder.shuffle_vector(b16, b16, _ic(list(range(16)) * 2))
-        splats = [builder.bitcast(_pshufb(builder, both, [j, 0x80] * 16), _llty(I16x16)) for j in range(8)]
-        mins = builder.zext(builder.shuffle_vector(b16, b16, _ic(range(8, 16))), _llty(I32x8))
+        b16 = builder.bitcast(builder.or_(low, top), ir.VectorType(I8, 16))  # scales 0..7, mins 0..7
+        both = builder.shuffle_vector(b16, b16, i32_vector(list(range(16)) * 2))
+        splats = [builder.bitcast(pshufb(builder, both, [j, 0x80] * 16), llvm_type(I16x16)) for j in range(8)]
+        mins = builder.zext(builder.shuffle_vector(b16, b16, i32_vector(range(8, 16))), llvm_type(I32x8))
         return context.make_tuple(builder, sig.return_type,
                                   [context.make_tuple(builder, _SCALES, splats), mins])
 
@@ -223,35 +127,11 @@ def _bsum_pairs(typingctx, ys4, g):
         return None
 
     def codegen(context, builder, sig, args):
-        v = _load(context, builder, sig.args[0], args[0], args[1], ir.VectorType(_I32, 16))
-        return builder.add(builder.shuffle_vector(v, v, _ic(range(0, 16, 2))),
-                           builder.shuffle_vector(v, v, _ic(range(1, 16, 2))))
+        v = load_vector(context, builder, sig.args[0], args[0], args[1], ir.VectorType(I32, 16))
+        return builder.add(builder.shuffle_vector(v, v, i32_vector(range(0, 16, 2))),
+                           builder.shuffle_vector(v, v, i32_vector(range(1, 16, 2))))
 
     return I32x8(ys4, types.intp), codegen
-
-
-@intrinsic
-def _mul_vv(typingctx, a, b):
-    """Lane-wise int32 product."""
-    if a != I32x8 or b != I32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.mul(args[0], args[1])
-
-    return I32x8(I32x8, I32x8), codegen
-
-
-@intrinsic
-def _sub_vv(typingctx, a, b):
-    """Lane-wise int32 difference."""
-    if a != I32x8 or b != I32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.sub(args[0], args[1])
-
-    return I32x8(I32x8, I32x8), codegen
 
 
 @intrinsic
@@ -261,21 +141,21 @@ def _q6_K_quants(typingctx, w, o):
     o + 64n + 32, h at o + 128 + 32n, and
     run 4n = (l0 & 15) | (h & 3) << 4,       run 4n+1 = (l1 & 15) | (h >> 2 & 3) << 4,
     run 4n+2 = (l0 >> 4) | (h >> 4 & 3) << 4, run 4n+3 = (l1 >> 4) | (h >> 6) << 4."""
-    if not _bytes_arg(w, o):
+    if not is_bytes_arg(w, o):
         return None
 
     def codegen(context, builder, sig, args):
-        v8, v32 = _llty(I8x32), _llty(I32x8)
+        v8, v32 = llvm_type(I8x32), llvm_type(I32x8)
         o0 = context.cast(builder, args[1], sig.args[1], types.intp)
-        m4, m30 = _splat(_I8, 32, 15), _splat(_I8, 32, 0x30)
+        m4, m30 = splat_const(I8, 32, 15), splat_const(I8, 32, 0x30)
 
         def load(off):
-            return _load(context, builder, sig.args[0], args[0], builder.add(o0, ir.Constant(ir.IntType(64), off)), v8)
+            return load_vector(context, builder, sig.args[0], args[0], builder.add(o0, ir.Constant(I64, off)), v8)
 
         def shifted(v, n):
             # byte shifts as int32 lanes; the callers' masks drop bits from the neighbouring byte
             vi = builder.bitcast(v, v32)
-            vi = builder.shl(vi, _splat(_I32, 8, n)) if n > 0 else builder.lshr(vi, _splat(_I32, 8, -n))
+            vi = builder.shl(vi, splat_const(I32, 8, n)) if n > 0 else builder.lshr(vi, splat_const(I32, 8, -n))
             return builder.bitcast(vi, v8)
 
         runs = []
@@ -297,19 +177,19 @@ def _q6_K_scales(typingctx, w, o):
     """The 16 int8 scales of the Q6_K block at byte o (at o + 192), one per 16 values: run c
     gets scale 2c on int16 lanes 0..7 (its first 16 values) and 2c + 1 on lanes 8..15.
     Sign-extended once; each splat is one vpshufb of the half holding its two scales."""
-    if not _bytes_arg(w, o):
+    if not is_bytes_arg(w, o):
         return None
 
     def codegen(context, builder, sig, args):
-        off = builder.add(context.cast(builder, args[1], sig.args[1], types.intp), ir.Constant(ir.IntType(64), 192))
-        b = _load(context, builder, sig.args[0], args[0], off, ir.VectorType(_I8, 16))
-        s16 = builder.bitcast(builder.sext(b, ir.VectorType(_I16, 16)), _llty(I8x32))
-        halves = [builder.shuffle_vector(s16, s16, _ic(list(range(16 * h, 16 * h + 16)) * 2)) for h in range(2)]
+        off = builder.add(context.cast(builder, args[1], sig.args[1], types.intp), ir.Constant(I64, 192))
+        b = load_vector(context, builder, sig.args[0], args[0], off, ir.VectorType(I8, 16))
+        s16 = builder.bitcast(builder.sext(b, ir.VectorType(I16, 16)), llvm_type(I8x32))
+        halves = [builder.shuffle_vector(s16, s16, i32_vector(list(range(16 * h, 16 * h + 16)) * 2)) for h in range(2)]
         splats = []
         for c in range(8):
             k = 2 * (2 * c % 8)  # byte offset of word 2c within its half (scales 0..7 | 8..15)
             mask = [k, k + 1] * 8 + [k + 2, k + 3] * 8
-            splats.append(builder.bitcast(_pshufb(builder, halves[c // 4], mask), _llty(I16x16)))
+            splats.append(builder.bitcast(pshufb(builder, halves[c // 4], mask), llvm_type(I16x16)))
         return context.make_tuple(builder, sig.return_type, splats)
 
     return _SCALES(w, types.intp), codegen
@@ -319,18 +199,18 @@ def _q6_K_scales(typingctx, w, o):
 def _q6_K_offset(typingctx, w, o, ys4, g):
     """What the +32 in `_q6_K_quants` adds, to take off: int32 lane i = 32 (s_i bsum_i +
     s_{i+8} bsum_{i+8}), s the Q6_K block's scales (at o + 192), bsums at ys4[g..g+15]."""
-    if not (_bytes_arg(w, o) and isinstance(ys4, types.Array) and ys4.dtype == types.int32
+    if not (is_bytes_arg(w, o) and isinstance(ys4, types.Array) and ys4.dtype == types.int32
             and isinstance(g, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
-        off = builder.add(context.cast(builder, args[1], sig.args[1], types.intp), ir.Constant(ir.IntType(64), 192))
-        b = _load(context, builder, sig.args[0], args[0], off, ir.VectorType(_I8, 16))
-        bs = _load(context, builder, sig.args[2], args[2], args[3], ir.VectorType(_I32, 16))
-        prod = builder.mul(builder.sext(b, ir.VectorType(_I32, 16)), bs)
-        half = builder.add(builder.shuffle_vector(prod, prod, _ic(range(8))),
-                           builder.shuffle_vector(prod, prod, _ic(range(8, 16))))
-        return builder.shl(half, _splat(_I32, 8, 5))
+        off = builder.add(context.cast(builder, args[1], sig.args[1], types.intp), ir.Constant(I64, 192))
+        b = load_vector(context, builder, sig.args[0], args[0], off, ir.VectorType(I8, 16))
+        bs = load_vector(context, builder, sig.args[2], args[2], args[3], ir.VectorType(I32, 16))
+        prod = builder.mul(builder.sext(b, ir.VectorType(I32, 16)), bs)
+        half = builder.add(builder.shuffle_vector(prod, prod, i32_vector(range(8))),
+                           builder.shuffle_vector(prod, prod, i32_vector(range(8, 16))))
+        return builder.shl(half, splat_const(I32, 8, 5))
 
     return I32x8(w, types.intp, ys4, types.intp), codegen
 
@@ -363,7 +243,7 @@ def _q4_K_col(isa, acc, q, s, mins, d, dmin, yq, yd, ys4, y):
     d dy (sum_j s_j q_j . y_j) - dmin dy (sum_j m_j bsum_j), lane-wise."""
     dy = at(yd, y >> 8)
     acc = fma_i32x8_f32x8(acc, _lanes(isa, q, s, yq, y), splat_f32x8(d * dy))
-    return fma_i32x8_f32x8(acc, _mul_vv(mins, _bsum_pairs(ys4, y >> 4)), splat_f32x8(-(dmin * dy)))
+    return fma_i32x8_f32x8(acc, mul_i32x8(mins, _bsum_pairs(ys4, y >> 4)), splat_f32x8(-(dmin * dy)))
 
 
 @njit(cache=True)
@@ -376,7 +256,7 @@ def _q4_K_block(isa, acc, w, o, yq, yd, ys4, y):
 def _q6_K_col(isa, acc, q, s, d, w, o, yq, yd, ys4, y):
     """acc + one Q6_K block at o (unpacked: q, s, f16 d) x the Q8_K block at y:
     d dy sum_k s_k (q_k - 32) . y_k, lane-wise."""
-    lanes = _sub_vv(_lanes(isa, q, s, yq, y), _q6_K_offset(w, o, ys4, y >> 4))
+    lanes = sub_i32x8(_lanes(isa, q, s, yq, y), _q6_K_offset(w, o, ys4, y >> 4))
     return fma_i32x8_f32x8(acc, lanes, splat_f32x8(d * at(yd, y >> 8)))
 
 
@@ -476,8 +356,8 @@ def tile_q4_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         a10, a11, a12, a13 = _q4_K_row4(isa, a10, a11, a12, a13, w, o + wrs, yq, yd, ys4, y0, y1, y2, y3)
         a20, a21, a22, a23 = _q4_K_row4(isa, a20, a21, a22, a23, w, o + 2 * wrs, yq, yd, ys4, y0, y1, y2, y3)
         a30, a31, a32, a33 = _q4_K_row4(isa, a30, a31, a32, a33, w, o + 3 * wrs, yq, yd, ys4, y0, y1, y2, y3)
-    _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
-             a20, a21, a22, a23, a30, a31, a32, a33)
+    store_tile_4x4(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+                   a20, a21, a22, a23, a30, a31, a32, a33)
 
 
 @njit(cache=True)
@@ -492,5 +372,5 @@ def tile_q6_K(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         a10, a11, a12, a13 = _q6_K_row4(isa, a10, a11, a12, a13, w, o + wrs, yq, yd, ys4, y0, y1, y2, y3)
         a20, a21, a22, a23 = _q6_K_row4(isa, a20, a21, a22, a23, w, o + 2 * wrs, yq, yd, ys4, y0, y1, y2, y3)
         a30, a31, a32, a33 = _q6_K_row4(isa, a30, a31, a32, a33, w, o + 3 * wrs, yq, yd, ys4, y0, y1, y2, y3)
-    _store16(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
-             a20, a21, a22, a23, a30, a31, a32, a33)
+    store_tile_4x4(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+                   a20, a21, a22, a23, a30, a31, a32, a33)

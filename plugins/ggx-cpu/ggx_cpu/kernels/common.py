@@ -9,9 +9,10 @@ ranges, expert routing) is checked inside the launch, every time.
 
 Kernels receive a tensor as (a 1-D array over its *whole* host buffer, the offset of element
 (0,0,0,0), four strides, four sizes), all in units of the array's element, so any view (strided,
-permuted, offset) reaches a kernel without a copy. These helpers prove, before the kernel runs,
-that every index the kernel can form (0 <= i_k < ne_k) stays inside that array: numba does not
-check bounds.
+permuted, offset) reaches a kernel without a copy. That array is the buffer's `host_view()`: any
+`is_host` buffer type works, whichever plugin made it. These helpers prove, before the kernel
+runs, that every index the kernel can form (0 <= i_k < ne_k) stays inside that array: numba does
+not check bounds.
 """
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ import numpy as np
 from numba._dispatcher import compute_fingerprint
 from numba.np.ufunc import parallel as _numba_parallel
 
-from ggx.backend import Launch
+from ggx import progress
+from ggx.backend import Buffer, Launch
 from ggx.errors import GGXShapeError, GGXUnsupported
-from ggx.host import HostBuffer
 from ggx.tensor import Tensor
 from ggx.types import GType
+
+from .. import isa
 
 #: numpy element type a kernel sees for each element type (F16/BF16 as raw bits).
 ELEM_DTYPES = {GType.F32: np.float32, GType.F16: np.uint16, GType.BF16: np.uint16,
@@ -44,17 +47,20 @@ _DTYPE_BY_ID = {id(k): v for k, v in ELEM_DTYPES.items()}
 # remembered (a few us per tensor in Python otherwise, more than the kernel of a one-token op).
 _LAYOUT_MAX = 8192
 _layouts: dict[tuple, tuple[int, Int4, Int4]] = {}
-# typed views of each buffer's bytes, one per element dtype (rebuilt when the buffer's array changes)
-_typed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# typed views of each buffer's host view, one per element dtype (rebuilt when that array changes),
+# held weakly: a freed buffer's memory lives only as long as the launches bound to it
+_typed: weakref.WeakKeyDictionary[Buffer, tuple[weakref.ref, weakref.WeakValueDictionary]] = \
+    weakref.WeakKeyDictionary()
 
 
-def _host_buffer(t: Tensor, role: str, op: str) -> HostBuffer:
+def _host_view(t: Tensor, role: str, op: str) -> tuple[Buffer, np.ndarray]:
+    """(t's buffer, that buffer's host_view); GGXUnsupported unless it is host memory."""
     buf = t.data_buffer
     if buf is None:
         raise GGXUnsupported(f"{op}: {role} {t.describe()} has no storage")
-    if not isinstance(buf, HostBuffer):
+    if not buf.buft.is_host:
         raise GGXUnsupported(f"{op}: {role} {t.describe()} lives in {buf.buft.name}, not host memory")
-    return buf
+    return buf, buf.host_view()
 
 
 def _check_span(t: Tensor, off: int, size: int, role: str, op: str) -> None:
@@ -67,20 +73,20 @@ def _check_span(t: Tensor, off: int, size: int, role: str, op: str) -> None:
 
 def host_bytes(t: Tensor, role: str, op: str) -> tuple[np.ndarray, int]:
     """(uint8 array of t's whole host buffer, byte offset of t's first element), bounds checked."""
-    buf = _host_buffer(t, role, op)
+    _, data = _host_view(t, role, op)
     off = t.data_offset
-    key = _key(None, t, off, buf)
+    key = _key(None, t, off, data)
     if key is None or key not in _layouts:
-        _check_span(t, off, buf.data.size, role, op)
+        _check_span(t, off, data.size, role, op)
         _remember(key, (off, (0, 0, 0, 0), (0, 0, 0, 0)))
-    return buf.data, off
+    return data, off
 
 
-def _key(dtype: type | None, t: Tensor, off: int, buf: HostBuffer) -> tuple | None:
+def _key(dtype: type | None, t: Tensor, off: int, data: np.ndarray) -> tuple | None:
     """What a layout check depends on; None (check every time) for ne/nb edited into lists."""
     if type(t.ne) is not tuple or type(t.nb) is not tuple:
         return None
-    return (dtype, t.ne, t.nb, off, buf.data.size, id(t.type))
+    return (dtype, t.ne, t.nb, off, data.size, id(t.type))
 
 
 def _remember(key: tuple | None, value: tuple[int, Int4, Int4]) -> None:
@@ -91,11 +97,11 @@ def _remember(key: tuple | None, value: tuple[int, Int4, Int4]) -> None:
     _layouts[key] = value
 
 
-def _typed_view(buf: HostBuffer, dtype: type) -> np.ndarray:
-    data = buf.data
+def _typed_view(buf: Buffer, data: np.ndarray, dtype: type) -> np.ndarray:
+    """`data` (buf's host view) as one array of `dtype` elements, the same for every tensor of buf."""
     views = _typed.get(buf)
-    if views is None or views[0] is not data:
-        views = _typed[buf] = (data, {})
+    if views is None or views[0]() is not data:
+        views = _typed[buf] = (weakref.ref(data), weakref.WeakValueDictionary())
     arr = views[1].get(dtype)
     if arr is None:
         size = np.dtype(dtype).itemsize
@@ -108,14 +114,14 @@ def elems(t: Tensor, role: str, op: str) -> tuple[np.ndarray, int, Int4, Int4]:
     dtype = _DTYPE_BY_ID.get(id(t.type))
     if dtype is None:
         raise GGXUnsupported(f"{op}: {role} {t.describe()} is not an element type")
-    buf = _host_buffer(t, role, op)
+    buf, data = _host_view(t, role, op)
     off = t.data_offset
-    key = _key(dtype, t, off, buf)
+    key = _key(dtype, t, off, data)
     layout = _layouts.get(key) if key is not None else None
     if layout is None:
-        layout = _elem_layout(t, off, buf.data.size, role, op)
+        layout = _elem_layout(t, off, data.size, role, op)
         _remember(key, layout)
-    return (_typed_view(buf, dtype),) + layout
+    return (_typed_view(buf, data, dtype),) + layout
 
 
 def _elem_layout(t: Tensor, off: int, bufsize: int, role: str, op: str) -> tuple[int, Int4, Int4]:
@@ -183,7 +189,11 @@ def launch(kernel, *args, n_threads: int = 1) -> Launch:
     """
     sig = tuple(map(_typeof, args))
     cres = kernel.overloads.get(sig)
-    entry = cres.entry_point if cres is not None else kernel.compile(sig)
+    if cres is not None:
+        entry = cres.entry_point
+    else:  # compiled now, or loaded from numba's disk cache: one-off time the CLI shows and leaves out
+        with progress.compiling(f"CPU kernels for {isa.active()}"):
+            entry = kernel.compile(sig)
     if kernel.targetoptions.get("parallel"):
         n = max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
         _numba_parallel._launch_threads()  # once per process: starts the pool, defines _set_num_threads

@@ -27,90 +27,123 @@ Layouts passed to the kernels (everything is validated before any kernel runs):
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
 from numba.extending import overload
 
 from ggx.errors import GGXShapeError, GGXUnsupported
-from ggx.host import HostBuffer, tensor_array
+from ggx.host import tensor_array
 from ggx.ops import Op
 from ggx.tensor import Tensor
 from ggx.types import GType
 
 from .. import isa as _isa
-from ..isa.simd import IsaType, KindToken
-from .common import Launch, in_order, launch, nothing
+from ..isa import portable, vector, vector_avx512, vector_kquants
+from ..isa.tokens import TokenType, register_token
+from .common import Launch, host_bytes, in_order, launch, nothing
 from .matmul_float import float_mm
 from .quantize_act import act_launch
 
-#: quantized weight type -> its kind token (kernels compile one specialization per kind)
-QUANT_KINDS = {t: KindToken(t.name.lower().replace("_k", "_K")) for t in (GType.Q4_0, GType.Q4_1, GType.Q8_0,
-                                                                        GType.Q4_K, GType.Q6_K)}
+
+# --- the weight type is a token too: each type compiles its own kernel, holding only its code ---
+class KindToken:
+    """The `kind` argument of the quantized kernel: a weight type by ggml's lower-case name."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"KindToken({self.name!r})"
+
+
+class KindType(TokenType):
+    """numba type of a `KindToken`; `kind_name` is the weight type ("q4_0", "q4_K", ...)."""
+
+    def __init__(self, token: KindToken):
+        self.kind_name = token.name
+        super().__init__(name=f"Kind({token.name})")
+
+
+register_token(KindToken, KindType)
+
+#: quantized weight type -> its kind token
+QUANT_KINDS = {t: KindToken(name) for t, name in ((GType.Q4_0, "q4_0"), (GType.Q4_1, "q4_1"), (GType.Q8_0, "q8_0"),
+                                                  (GType.Q4_K, "q4_K"), (GType.Q6_K, "q6_K"))}
 FLOAT_TYPES = (GType.F32, GType.F16, GType.BF16)
 SUPPORTED = tuple(QUANT_KINDS) + FLOAT_TYPES
 TILE = 4
 
 
-# --- ISA dispatch: the `isa` token's type picks the vector or the portable implementation ------
-def _vector_impl(isa, name):
-    """`name` from the vector modules (Q4/Q8 in `vector`, K-quants in `vector_kquants`) for a
-    vector ISA, or None (portable ISA, or no vector version written)."""
-    from ..isa import vector, vector_kquants
+# --- which kernels each ISA variant runs ---------------------------------------------------------
+class QuantKernels(NamedTuple):
+    """One weight type's kernels under one ISA variant (signatures and layouts: `ggx_cpu.isa.vector`)."""
 
-    if not _is_vector(isa):
-        return None
-    for m in (vector, vector_kquants):
-        if hasattr(m, name):
-            return getattr(m, name)
-    return None
+    dot: Callable  # one row dot
+    rows4: Callable | None  # a row quad (the gemv); None: 4 row dots
+    tile: Callable  # a 4x4 tile (the gemm)
 
 
-def _impl(isa, name):
-    from ..isa import portable
+_VECTOR = {
+    "q4_0": QuantKernels(vector.dot_q4_0, vector.rows4_q4_0, vector.tile_q4_0),
+    "q4_1": QuantKernels(vector.dot_q4_1, vector.rows4_q4_1, vector.tile_q4_1),
+    "q8_0": QuantKernels(vector.dot_q8_0, vector.rows4_q8_0, vector.tile_q8_0),
+    "q4_K": QuantKernels(vector_kquants.dot_q4_K, vector_kquants.rows4_q4_K, vector_kquants.tile_q4_K),
+    "q6_K": QuantKernels(vector_kquants.dot_q6_K, vector_kquants.rows4_q6_K, vector_kquants.tile_q6_K),
+}
+#: ISA variant -> weight kind -> its kernels
+QUANT_KERNELS: dict[str, dict[str, QuantKernels]] = {
+    "avx512_vnni": {**_VECTOR,
+                    "q4_0": _VECTOR["q4_0"]._replace(rows4=vector_avx512.rows4_q4_0),
+                    "q4_1": _VECTOR["q4_1"]._replace(rows4=vector_avx512.rows4_q4_1)},
+    "avx2": _VECTOR,
+    "portable": {
+        "q4_0": QuantKernels(portable.dot_q4_0, None, portable.tile_q4_0),
+        "q4_1": QuantKernels(portable.dot_q4_1, None, portable.tile_q4_1),
+        "q8_0": QuantKernels(portable.dot_q8_0, None, portable.tile_q8_0),
+        "q4_K": QuantKernels(portable.dot_q4_K, None, portable.tile_q4_K),
+        "q6_K": QuantKernels(portable.dot_q6_K, None, portable.tile_q6_K),
+    },
+}
 
-    return _vector_impl(isa, name) or getattr(portable, name)
+
+def _kernels(isa, kind) -> QuantKernels:
+    return QUANT_KERNELS[isa.isa_name][kind.kind_name]
 
 
-# --- the weight type is a token too: each type compiles its own kernel, holding only its code ---
 def _qdot(isa, kind, w, wo, nb, yq, yd, ys, ys4, yo):
-    """One row dot (dot_<kind>), by the isa and kind tokens' types."""
+    """One row dot of weight `kind` under `isa` (by the tokens' types)."""
     raise NotImplementedError
 
 
 def _qtile(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
-    """A 4x4 tile (tile_<kind>)."""
+    """A 4x4 tile."""
     raise NotImplementedError
 
 
 def _qrows4(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
-    """A row quad (rows4_<kind>): the ISA module's own (AVX-512 VNNI: 512-bit), else the vector
-    modules', else 4 row dots (portable, or no row quad written)."""
+    """A row quad, or 4 row dots where the variant has none."""
     raise NotImplementedError
 
 
 @overload(_qdot)
 def _ol_qdot(isa, kind, w, wo, nb, yq, yd, ys, ys4, yo):
-    f = _impl(isa, f"dot_{kind.kind_name}")
+    f = _kernels(isa, kind).dot
     return lambda isa, kind, w, wo, nb, yq, yd, ys, ys4, yo: np.float32(f(isa, w, wo, nb, yq, yd, ys, ys4, yo))
 
 
 @overload(_qtile)
 def _ol_qtile(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3):
-    f = _impl(isa, f"tile_{kind.kind_name}")
+    f = _kernels(isa, kind).tile
     return lambda isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3: f(
         isa, w, wo, wrs, nb, yq, yd, ys, ys4, y0, y1, y2, y3, out, o0, o1, o2, o3)
 
 
 @overload(_qrows4)
 def _ol_qrows4(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
-    from ..isa import vector
-
-    name = f"rows4_{kind.kind_name}"
-    f = _vector_impl(isa, name)
-    own = vector._isa_module(isa) if f is not None else None
-    if own is not None and hasattr(own, name):
-        f = getattr(own, name)
+    f = _kernels(isa, kind).rows4
     if f is not None:
         return lambda isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo: f(
             isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo)
@@ -119,10 +152,6 @@ def _ol_qrows4(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         for r in range(4):
             out[oo + r] = _qdot(isa, kind, w, wo + r * wrs, nb, yq, yd, ys, ys4, yo)
     return rows
-
-
-def _is_vector(isa) -> bool:
-    return isinstance(isa, IsaType) and isa.isa_name != "portable"
 
 
 @njit(cache=True, parallel=True)
@@ -158,17 +187,9 @@ def _fail(op: str, msg: str) -> GGXShapeError:
     return GGXShapeError(f"{op}: {msg}")
 
 
-def _host_bytes(t: Tensor, op: str, role: str) -> np.ndarray:
-    tensor_array(t)  # checks storage exists, is host memory and holds the whole tensor
-    buf = t.data_buffer
-    if not isinstance(buf, HostBuffer):
-        raise GGXUnsupported(f"{op}: {role} {t.describe()} is not in host memory")
-    return buf.data
-
-
 def _weights(a: Tensor, op: str) -> tuple[np.ndarray, int, int, int, int]:
     """(w, unit, off0, nb1, nb2) in units of w's elements; see the module docstring."""
-    data = _host_bytes(a, op, "weights")
+    data, _ = host_bytes(a, "weights", op)
     if a.type.is_quantized:
         return data, 1, a.data_offset, a.nb[1], a.nb[2]
     dtype = {GType.F32: np.float32, GType.F16: np.uint16, GType.BF16: np.int16}[a.type]

@@ -11,8 +11,10 @@ from .common import Launch, elems, need_ne, need_srcs, need_type, rows_launch
 
 RMS, MEAN_VAR = 0, 1
 
+# error_model="numpy": IEEE division as in ggml's C, so a zero row with eps 0 gives 1/sqrt(0) =
+# inf and 0 * inf = NaN (ggml_compute_forward_rms_norm_f32) instead of raising ZeroDivisionError.
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _norm_row(code, eps, x, y):
     n0 = x.size
     if code == RMS:
@@ -39,7 +41,7 @@ def _norm_row(code, eps, x, y):
             y[i] *= sc
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def norm_rows(r0, r1, code, eps, x, xo, xs, ne, y, yo, ys):
     """Rows r0..r1-1. RMS: y = x / sqrt(mean(x^2) + eps).
     MEAN_VAR: y = (x - mean) / sqrt(mean((x - mean)^2) + eps)."""
@@ -54,7 +56,7 @@ def norm_rows(r0, r1, code, eps, x, xo, xs, ne, y, yo, ys):
             _norm_row(code, eps, x[xb: xb + (n0 - 1) * xs[0] + 1: xs[0]], y[yb: yb + (n0 - 1) * ys[0] + 1: ys[0]])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def norm_kernel(n_chunks, n_rows, code, eps, x, xo, xs, ne, y, yo, ys):
     for c in prange(n_chunks):
         norm_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, eps, x, xo, xs, ne, y, yo, ys)

@@ -39,7 +39,7 @@ class Q8Act(NamedTuple):
 
 
 @njit(cache=True)
-def _q8_rows(x, qs, d, s, s4, r0, r1):
+def _q8_rows_unrounded(x, qs, d, s, s4, r0, r1):
     """Q8_0/Q8_1 of rows r0..r1 of x (float32 [N, K]); d and s unrounded (f16 is done after)."""
     K = x.shape[1]
     nb = K // 32
@@ -63,11 +63,13 @@ def _q8_rows(x, qs, d, s, s4, r0, r1):
 
 
 @njit(cache=True)
-def q8_rows(x, qs, d, s, s4, r0, r1):
-    """Q8_0/Q8_1 of rows r0..r1 of x with d and s rounded to f16 as ggml stores them.
-
-    Callable from other kernels (ggx-repack quantizes inside its own compiled entry)."""
-    _q8_rows(x, qs, d, s, s4, r0, r1)
+def quantize_rows_q8(x, qs, d, s, s4, r0, r1):
+    """Q8_0 and Q8_1 (ggml's x86 quantize_row_q8_0 / _q8_1) of rows r0..r1 of x, float32 [N, K]
+    with K a multiple of 32, into the structure of arrays of `Q8Act` (arrays of N * K values,
+    row r's block b at index r * K / 32 + b): qs int8 values, d the f16-rounded scale, s the
+    f16-rounded Q8_1 d * sum(qs), s4 int32 sums of 4 consecutive values. Callable from
+    kernels: rows r0..r1 only, so a parallel kernel can quantize its own chunk."""
+    _q8_rows_unrounded(x, qs, d, s, s4, r0, r1)
     nb = x.shape[1] // 32
     for i in range(r0 * nb, r1 * nb):
         d[i] = f16_to_f32(f32_to_f16(d[i]))
@@ -78,12 +80,15 @@ def q8_rows(x, qs, d, s, s4, r0, r1):
 def _q8_par(x, qs, d, s, s4, nchunks):
     n = x.shape[0]
     for c in prange(nchunks):
-        q8_rows(x, qs, d, s, s4, c * n // nchunks, (c + 1) * n // nchunks)
+        quantize_rows_q8(x, qs, d, s, s4, c * n // nchunks, (c + 1) * n // nchunks)
 
 
 @njit(cache=True)
-def _q8k_rows(x, qs, d, bsums, r0, r1):
-    """Q8_K of rows r0..r1 (quantize_row_q8_K_ref): the value of largest |x| maps to -127."""
+def quantize_rows_q8_K(x, qs, d, bsums, r0, r1):
+    """Q8_K (ggml's quantize_row_q8_K_ref: the value of largest |x| maps to -127) of rows r0..r1
+    of x, float32 [N, K] with K a multiple of 256, into the arrays of `Q8Act`: qs int8 values,
+    d float32 scale per 256 values (row r's block b at r * K / 256 + b), bsums int32 sums of
+    16 consecutive values. Callable from kernels, like `quantize_rows_q8`."""
     K = x.shape[1]
     nb = K // 256
     for r in range(r0, r1):
@@ -112,14 +117,11 @@ def _q8k_rows(x, qs, d, bsums, r0, r1):
                 bsums[o // 16 + g] = t
 
 
-q8k_rows = _q8k_rows  # public name for other kernels (ggx-repack)
-
-
 @njit(cache=True, parallel=True)
 def _q8k_par(x, qs, d, bsums, nchunks):
     n = x.shape[0]
     for c in prange(nchunks):
-        _q8k_rows(x, qs, d, bsums, c * n // nchunks, (c + 1) * n // nchunks)
+        quantize_rows_q8_K(x, qs, d, bsums, c * n // nchunks, (c + 1) * n // nchunks)
 
 
 def _rows(x: np.ndarray, block: int, what: str) -> np.ndarray:
@@ -151,11 +153,11 @@ def act_launch(x: np.ndarray, gtype: GType, n_threads: int = 1) -> tuple[Q8Act, 
         act = Q8Act(gtype, qs, d, d, bsums)
         if parallel:
             return act, launch(_q8k_par, x, qs, d, bsums, _chunks(x, n_threads), n_threads=n_threads)
-        return act, launch(_q8k_rows, x, qs, d, bsums, 0, n)
+        return act, launch(quantize_rows_q8_K, x, qs, d, bsums, 0, n)
     act = Q8Act(gtype, qs, d, np.empty_like(d), np.empty(n * k // 4, np.int32))
     if parallel:
         return act, launch(_q8_par, x, qs, d, act.s, act.s4, _chunks(x, n_threads), n_threads=n_threads)
-    return act, launch(q8_rows, x, qs, d, act.s, act.s4, 0, n)
+    return act, launch(quantize_rows_q8, x, qs, d, act.s, act.s4, 0, n)
 
 
 def quantize_q8(x: np.ndarray, gtype: GType = GType.Q8_0, n_threads: int = 1) -> Q8Act:

@@ -3,10 +3,9 @@ same result with its weights repacked as in plain host memory, within the mul_ma
 from __future__ import annotations
 
 import numpy as np
-from repack_testing import repack_buft, run_repacked
+from repack_testing import repack_buft
 
-from ggx.compute import get_tensor_data
-from ggx.conformance.harness import nmse, place, storage_tensors
+from ggx.conformance.harness import execute, nmse, weight_uses, weights_refused
 from ggx.graph import Context, build_graph
 from ggx.quants import quantize
 from ggx.types import GType
@@ -33,19 +32,17 @@ def build(n_embd=256, n_ff=512, n_layers=2, n_tokens=5):
 
 
 def test_q4_0_graph_same_with_and_without_repack(cpu, cpu_backend):
+    buft = repack_buft(cpu)
     out, inputs = build()
-    got, weights = run_repacked(cpu, cpu_backend, repack_buft(cpu), out, inputs)
-    assert len(weights) == 6
+    graph = build_graph(out)
+    assert weights_refused(buft, graph) is None
+    repacked = execute(cpu, cpu_backend, out, inputs, graph, buft)
+    assert sum(w.buffer is repacked.placement.weights for w, _ in weight_uses(graph)) == 6
 
-    out2, inputs2 = build()
-    graph = build_graph(out2)
-    place(cpu.buffer_type(), storage_tensors(graph))
-    for leaf, raw in inputs2.items():
-        leaf.buffer.set_tensor(leaf, raw, 0)
-    cpu_backend.graph_compute(graph)
-    plain = get_tensor_data(out2).reshape(got.shape)
-    assert nmse(got, plain) < MUL_MAT_NMSE
-    assert np.isfinite(got).all()
+    plain = execute(cpu, cpu_backend, *build())
+    assert not repacked.problems and not plain.problems
+    assert nmse(repacked.values, plain.values) < MUL_MAT_NMSE
+    assert np.isfinite(repacked.values).all()
 
 
 def test_tied_output_gets_a_repacked_copy():
