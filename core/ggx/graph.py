@@ -83,7 +83,7 @@ class Context:
             raise _fail("get_rows", f"ids {ids.describe()} must be [n, a.ne2, a.ne3, 1] for a {a.describe()}")
         out_type = GType.I32 if a.type is GType.I32 else GType.F32
         return self._new(out_type, (a.ne[0], ids.ne[0], ids.ne[1], ids.ne[2]), Op.GET_ROWS, None,
-                         (a, ids), max(a.ndim, ids.ndim + 1) if ids.ne[1] > 1 else 2)
+                         (a, ids), min(MAX_DIMS, max(a.ndim, ids.ndim + 1)) if ids.ne[1] > 1 else 2)
 
     def set_rows(self, dst: Tensor, src: Tensor, ids: Tensor) -> Tensor:
         """dst[:, ids[i, j, k], j, k] = convert(src[:, i, j, k]); returns a view of dst."""

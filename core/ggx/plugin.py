@@ -15,7 +15,7 @@ call it, and it may change without an API version bump.
   tensor in host memory), `aligned_empty`, `alloc_host_memory`, `host_memory`, `HOST_ALIGNMENT`;
 - `ggx.errors`: `GGXError`, `GGXUnsupported`, `GGXOutOfMemory`, `GGXShapeError`,
   `GGXPluginError`, `GGXFormatError`, `GGXStateError`, `GGXValueError`, `GGXDeviceError`;
-- `ggx.progress.compiling`: the notice a plugin shows while it compiles kernels;
+- `ggx.progress`: `compiling`, the notice a plugin shows while it compiles kernels;
 - `ggx.wire`: graphs as plain data for a device in another process (`encode_graph`,
   `decode_graph`, which rebuilds with the graph builder's checks);
 - `ggx.types`: `GType` (element and block types, ggml's);

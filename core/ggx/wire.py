@@ -29,13 +29,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import ops as P
 from .errors import GGXShapeError
 from .graph import Context, Graph
-from .ops import Op
+from .ops import VIEW_OPS, Op
 from .tensor import MAX_DIMS, Tensor, TensorFlag
 from .types import GType
 
@@ -57,6 +58,8 @@ _PARAMS: dict[Op, type] = {
 }
 
 _WIRE_FLAGS = TensorFlag.INPUT | TensorFlag.OUTPUT
+#: Ops whose result the builder makes as a view of a source.
+_MAKES_VIEW = VIEW_OPS | {Op.CPY, Op.SET_ROWS}
 
 
 def _shape(t: TensorMsg) -> list[int]:
@@ -135,7 +138,9 @@ def encode_graph(graph: Graph, buffer_id: Callable[[Any], int]) -> GraphMsg:
     nodes: list[int] = []
     for n in graph.nodes:
         src = [ref(s) for s in n.src]
-        storage = None if n.view_src is not None else (buffer_id(n.buffer), n.offset)
+        # a node the builder makes as a view has its source's memory; any other has its own
+        # (which may be a view of another tensor's: the scheduler's clones, in-place results)
+        storage = None if n.op in _MAKES_VIEW else (buffer_id(n.data_buffer), n.data_offset)
         msgs.append((n.op.value, n.type.value, list(n.ne), list(n.nb), n.ndim, int(n.flags & _WIRE_FLAGS),
                      n.name[:MAX_NAME], _encode_params(n.params), src, storage))
         index[id(n)] = len(msgs) - 1
@@ -148,9 +153,18 @@ def _bad(i: int, msg: str) -> GGXShapeError:
     return GGXShapeError(f"graph message, tensor {i}: {msg}")
 
 
+def _show(v: Any) -> str:
+    """A short repr of untrusted data that cannot fail: repr() of an int of more than 4300
+    digits raises ValueError, and of a large object costs its size."""
+    try:
+        return reprlib.repr(v)
+    except Exception:  # noqa: BLE001 - an int too long for str(), inside a list or not
+        return f"<{type(v).__name__}>"
+
+
 def _int(i: int, what: str, v: Any, lo: int = 0, hi: int = 1 << 62) -> int:
     if type(v) is not int or not lo <= v <= hi:
-        raise _bad(i, f"{what} must be an int in {lo}..{hi}, got {v!r}"[:200])
+        raise _bad(i, f"{what} must be an int in {lo}..{hi}, got {_show(v)}"[:200])
     return v
 
 
@@ -170,7 +184,7 @@ def _decode_params(i: int, op: Op, raw: Any) -> Any:
         raise _bad(i, f"{op.name} needs its parameters")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if set(raw) - set(fields):
-        raise _bad(i, f"unknown {op.name} parameter(s) {sorted(map(str, set(raw) - set(fields)))}"[:200])
+        raise _bad(i, f"unknown {op.name} parameter(s) {', '.join(sorted(map(_show, set(raw) - set(fields))))}"[:200])
     kw = {}
     defaults = cls.__dataclass_fields__
     for name, v in raw.items():
@@ -191,8 +205,8 @@ def _decode_params(i: int, op: Op, raw: Any) -> Any:
                 kw[name] = v
             else:
                 kw[name] = _int(i, name, v, -(1 << 62))
-        except (TypeError, ValueError):
-            raise _bad(i, f"{op.name} parameter {name}={v!r} has the wrong type"[:200]) from None
+        except (TypeError, ValueError, OverflowError):  # OverflowError: float() of a huge int
+            raise _bad(i, f"{op.name} parameter {name}={_show(v)} has the wrong type"[:200]) from None
     try:
         return cls(**kw)
     except TypeError as e:
@@ -205,10 +219,12 @@ def _check_msg(i: int, m: Any) -> tuple[Op, GType, tuple[int, ...], tuple[int, .
     try:
         op, gtype = Op(m[0]), GType(m[1])
     except (ValueError, TypeError):
-        raise _bad(i, f"unknown op or type {m[0]!r}/{m[1]!r}"[:200]) from None
+        raise _bad(i, f"unknown op or type {_show(m[0])}/{_show(m[1])}"[:200]) from None
     ne = _ints(i, "ne", m[2], MAX_DIMS)
     nb = _ints(i, "nb", m[3], MAX_DIMS)
     ndim = _int(i, "ndim", m[4], 1, MAX_DIMS)
+    if gtype.is_quantized and nb[0] != gtype.type_size:  # else nbytes undercounts what kernels read
+        raise _bad(i, f"a {gtype.name} tensor's blocks are contiguous: nb[0]={nb[0]} is not {gtype.type_size}")
     _int(i, "flags", m[5], 0, int(_WIRE_FLAGS))
     if not isinstance(m[6], str) or len(m[6]) > MAX_NAME:
         raise _bad(i, f"name must be a string of at most {MAX_NAME} characters")
@@ -246,16 +262,18 @@ def decode_graph(msg: Any, place: Callable[[Tensor, int, int], None]) -> Graph:
                 t = _REBUILD[op](ctx, src, params, m)
             except (IndexError, AttributeError, TypeError):
                 raise _bad(i, f"{op.name} with {len(src)} source(s) is not a valid call") from None
+            except ArithmeticError as e:  # the builder divides by source sizes: a 0 in ne
+                raise _bad(i, f"{op.name} over {', '.join(s.describe() for s in src)}: {e}") from None
             if (t.type, t.ne, t.nb) != (gtype, ne, nb) or t.params != params or len(t.src) != len(src):
                 raise _bad(i, f"{op.name} described as {gtype.name}{list(ne)} nb={list(nb)}, "
                               f"the builder made {t.type.name}{list(t.ne)} nb={list(t.nb)}")
             if (m[9] is None) != t.is_view:
                 raise _bad(i, f"{op.name}: storage given for a view, or missing for a node")
-        if m[9] is not None:
-            _place(i, t, m[9], place)
-        t.name = m[6]
+        t.name = m[6]  # before place: its errors name the tensor
         t.ndim = ndim  # what numpy shows (the builder may count more dims for a view)
         t.flags = TensorFlag(m[5])
+        if m[9] is not None:
+            _place(i, t, m[9], place)
         built.append(t)
     nodes = []
     for j in node_idx:

@@ -74,8 +74,8 @@ class Runner:
         #: the devices the layers are split over, in order (see the module docstring)
         self.split_devices: list[Device] = _unique(self.devices) if devices else \
             ([d for d in _unique(self.devices) if d.type != DeviceType.CPU] or [self.host])
-        if self.host not in self.devices:
-            self.devices.append(self.host)
+        # the scheduler's order (ggml's): the host CPU last, whatever the split's order
+        self.devices = [d for d in self.devices if d is not self.host] + [self.host]
         #: every buffer type a weight may go to, best first (ggx.placement.buft_list over the
         #: devices); each weight chooses from its layer's part of it (`layer_bufts`)
         self.weight_bufts: list[BufferType] = placement.buft_list(self.devices)

@@ -191,7 +191,6 @@ class CpuDevice(Device):
     def __init__(self, reg: CpuBackendReg | None = None):
         self.reg = reg
         self._buft = HostBufferType(self, name="CPU")
-        self._extra_bufts: list[ExtraBufferType] | None = None
 
     @functools.cached_property
     def description(self) -> str:  # type: ignore[override]
@@ -218,14 +217,12 @@ class CpuDevice(Device):
         return HostBuffer(self._buft, array.nbytes, memory=array.reshape(-1).view(np.uint8))
 
     def extra_buffer_types(self) -> list[ExtraBufferType]:
-        """The extra buffer types plugins offer for this device, best first: asked of the
-        registry once and kept (ggml's CPU reg owns its list), so supports_buft and supports_op
-        never go back to the plugins."""
-        if self._extra_bufts is None:
-            from ggx import registry
+        """The extra buffer types plugins offer for this device, best first (ggml's CPU reg owns
+        its list): the registry's, which asks the plugins once per device and asks again after
+        plugins are loaded, registered or removed."""
+        from ggx import registry
 
-            self._extra_bufts = registry.extra_buffer_types(self)
-        return self._extra_bufts
+        return registry.extra_buffer_types(self)
 
     def supports_buft(self, buft: BufferType) -> bool:
         return buft.is_host or any(buft is b for b in self.extra_buffer_types())

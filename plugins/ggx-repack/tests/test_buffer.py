@@ -34,9 +34,9 @@ def test_registered_for_the_cpu_device_only(cpu):
     assert not any(isinstance(b, RepackBufferType) for b in registry.extra_buffer_types(registry.get_device("ref")))
     from ggx_repack import plugin
     assert plugin.ggx_extra_buffer_types(cpu)[0][0] == PRIORITY_REPACK
-    # ggx-cpu's device class decides, not the name: a renamed CPU device gets it, a device named CPU not
+    # ggx-cpu's registration decides, not the name: a renamed CPU device of ggx-cpu gets it, a device named CPU not
     renamed = CpuDevice()
-    renamed.name = "CPU1"
+    renamed.name, renamed.reg = "CPU1", cpu.reg
     assert isinstance(plugin.ggx_extra_buffer_types(renamed)[0][1], RepackBufferType)
     impostor = type("Impostor", (type(registry.get_device("ref")),), {"name": "CPU"})()
     assert plugin.ggx_extra_buffer_types(impostor) is None
