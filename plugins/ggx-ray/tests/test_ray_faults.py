@@ -86,3 +86,34 @@ def test_a_killed_worker_raises_naming_the_device_then_reconnects(ray_device):
     x3, y3 = _cpu_sum_graph()
     got = compute(y3, {x3: np.ones(8, dtype=np.float32)}, device=ray_device)[0]
     assert np.array_equal(got, np.full(8, 2, dtype=np.float32))
+
+
+def test_a_copy_between_two_workers_goes_actor_to_actor(ray_device):
+    """Two workers (a second one started on this node under another name): a RAY tensor copied
+    into another worker's tensor is read by one actor and written by the other, the bytes passing
+    between them as an object reference (the driver never holds them)."""
+    import ray
+
+    from ggx.alloc import alloc_tensors
+    from ggx_ray.cluster import NAMESPACE, Link, _actor_class
+    from ggx_ray.device import RayDevice
+
+    actor = _actor_class().options(name="ggx-worker-second-for-test", namespace=NAMESPACE, num_cpus=0).remote()
+    try:
+        link = Link(actor, "second test worker", "second-node", {"session": "?"}, 60.0)
+        link.info = link.wait(actor.hello.remote())
+        other = RayDevice("RAYX", link, 0, ray_device.reg)
+        c = Context()
+        src, dst = c.tensor("F32", (1000,), "src"), c.tensor("F32", (1000,), "dst")
+        alloc_tensors(ray_device.buffer_type(), [src])
+        alloc_tensors(other.buffer_type(), [dst])
+        data = np.arange(1000, dtype=np.float32)
+        src.data_buffer.set_tensor(src, data.view(np.uint8))
+        received = ray_device.link.stats.bytes_received
+        be = other.init_backend()
+        assert be.cpy_tensor_async(ray_device.init_backend(), src, dst)
+        be.synchronize()
+        assert ray_device.link.stats.bytes_received == received  # nothing came back to the driver
+        assert np.array_equal(dst.data_buffer.get_tensor(dst).view(np.float32), data)
+    finally:
+        ray.kill(actor)
