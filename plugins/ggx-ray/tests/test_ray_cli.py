@@ -47,7 +47,8 @@ def test_ggx_devices_finds_the_workers_with_ggx_ray_address(ray_cluster):
 @pytest.mark.usefixtures("ray_device")
 def test_ggx_run_splits_the_layers_and_reports_the_traffic(ray_cluster):
     address, env = ray_cluster
-    out = _run([_ggx(), "run", "--device", "RAY0", "--device", "CPU", "-n", "6", "-p", "Hello"],
+    out = _run([_ggx(), "run", "--device", "RAY0", "--device", "CPU", "-ts", "1,1", "-n", "6",
+                "-p", "Hello"],
                env | {"GGX_RAY_ADDRESS": address})
     assert out.returncode == 0, out.stderr
     summary = out.stderr  # the text on stdout, the summary on stderr

@@ -34,7 +34,11 @@ def _greedy(model, n: int = 12) -> list[int]:
 
 def test_layers_split_across_ray0_and_cpu_give_the_local_tokens(ray_device, local):
     want = _greedy(local)
-    split = load_model(devices=["RAY0", "CPU"])
+    by_memory = load_model(devices=["RAY0", "CPU"])  # shares from free memory: both take layers, in order
+    parts = [p for p in by_memory.layer_split.parts if p.n_layers]
+    assert [p.device.name for p in parts] == ["RAY0", "CPU"] and parts[0].start == 0 and parts[1].stop == 30
+    del by_memory
+    split = load_model(devices=["RAY0", "CPU"], tensor_split=[1, 1])
     assert str(split.layer_split) == "RAY0 layers 0-14, CPU layers 15-29 + output"
     assert _greedy(split) == want
     assert split.runner.last_splits >= 3  # CPU (embedding) -> RAY0 -> CPU
