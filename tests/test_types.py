@@ -31,7 +31,7 @@ def test_block_dtype_holds_block_size_values(t):
 
 def test_vec_dot_types_are_ggmls():
     expect = {
-        GType.Q4_0: GType.Q8_0, GType.Q8_0: GType.Q8_0, GType.Q4_1: GType.Q8_1,
+        GType.Q4_0: GType.Q8_0, GType.Q5_0: GType.Q8_0, GType.Q8_0: GType.Q8_0, GType.Q4_1: GType.Q8_1,
         GType.Q4_K: GType.Q8_K, GType.Q6_K: GType.Q8_K, GType.F16: GType.F16, GType.BF16: GType.BF16,
         GType.F32: GType.F32, GType.I32: None,
     }
@@ -46,6 +46,7 @@ def test_kind_predicates():
 
 def test_row_size():
     assert GType.Q4_0.row_size(64) == 36
+    assert GType.Q5_0.row_size(640) == 440  # Gemma 3 270M's attn_q / ffn_up rows
     assert GType.Q6_K.row_size(512) == 420
     assert GType.F16.row_size(3) == 6
     with pytest.raises(GGXShapeError, match=r"w: 100 values of Q8_0.*32"):
@@ -65,6 +66,10 @@ def test_block_dtype_field_offsets_follow_ggml_structs():
     # ggml-common.h: block_q6_K is {ql[128], qh[64], scales[16], d}; block_q8_K is {d, qs, bsums}.
     q6 = GType.Q6_K.block_dtype
     assert [q6.fields[f][1] for f in ("ql", "qh", "scales", "d")] == [0, 128, 192, 208]
+    # block_q5_0 is {d, qh[4], qs[16]}: qh read as one little-endian uint32 (ggml memcpy's it)
+    q5 = GType.Q5_0.block_dtype
+    assert [q5.fields[f][1] for f in ("d", "qh", "qs")] == [0, 2, 6]
+    assert q5.fields["qh"][0] == np.dtype("<u4") and q5.itemsize == 22
     q8k = GType.Q8_K.block_dtype
     assert [q8k.fields[f][1] for f in ("d", "qs", "bsums")] == [0, 4, 260]
     assert q8k.fields["bsums"][0] == np.dtype(("<i2", (16,)))

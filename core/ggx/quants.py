@@ -3,6 +3,7 @@
 Layouts (one block, little-endian, see GType.block_dtype):
   Q4_0  f16 d, 16 B nibbles                       value = (q - 8) * d
   Q4_1  f16 d, f16 m, 16 B nibbles                value = q * d + m
+  Q5_0  f16 d, u32 qh (5th bits), 16 B nibbles    value = (q - 16) * d, q = nibble | bit << 4
   Q8_0  f16 d, 32 x i8                            value = q * d
   Q8_1  f16 d, f16 s = d * sum(q), 32 x i8        value = q * d
   Q4_K  256 values: f16 d, f16 dmin, 12 B of 6-bit scales/mins, 128 B nibbles
@@ -10,7 +11,7 @@ Layouts (one block, little-endian, see GType.block_dtype):
   Q8_K  256 values: f32 d, 256 x i8, 16 x i16 bsums (sums of 16-value groups)
 
 Rows run along the last numpy axis (ggml's ne[0]). Where the `gguf` package implements a type
-it is the reference and is used directly (Q4_0, Q4_1, Q8_0, BF16 both ways; Q4_K, Q6_K
+it is the reference and is used directly (Q4_0, Q4_1, Q5_0, Q8_0, BF16 both ways; Q4_K, Q6_K
 dequantize). The rest mirrors ggml's reference C code (`quantize_row_*_ref` in ggml-quants.c)
 in numpy, in float32, one C operation per numpy operation, and with sums accumulated
 sequentially in C's order, so that every byte matches what ggml writes.
@@ -34,6 +35,7 @@ GROUP_MAX_EPS = _f32(1e-15)  # ggml's "this group is all zero" threshold
 _GGUF_QUANTIZE = {
     GType.Q4_0: GGMLQuantizationType.Q4_0,
     GType.Q4_1: GGMLQuantizationType.Q4_1,
+    GType.Q5_0: GGMLQuantizationType.Q5_0,
     GType.Q8_0: GGMLQuantizationType.Q8_0,
     GType.BF16: GGMLQuantizationType.BF16,
 }

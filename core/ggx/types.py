@@ -27,6 +27,8 @@ _TRAITS: dict[str, TypeTraits] = {
     "I64": TypeTraits(1, 8, np.dtype("<i8"), 27, None),
     "Q4_0": TypeTraits(32, 18, np.dtype([("d", _f16), ("qs", "u1", 16)]), 2, "Q8_0"),
     "Q4_1": TypeTraits(32, 20, np.dtype([("d", _f16), ("m", _f16), ("qs", "u1", 16)]), 3, "Q8_1"),
+    # ggml's block_q5_0 declares qh as uint8_t[4] and reads it with memcpy: a little-endian uint32
+    "Q5_0": TypeTraits(32, 22, np.dtype([("d", _f16), ("qh", "<u4"), ("qs", "u1", 16)]), 6, "Q8_0"),
     "Q8_0": TypeTraits(32, 34, np.dtype([("d", _f16), ("qs", "i1", 32)]), 8, "Q8_0"),
     "Q8_1": TypeTraits(32, 36, np.dtype([("d", _f16), ("s", _f16), ("qs", "i1", 32)]), 9, "Q8_1"),
     "Q4_K": TypeTraits(
@@ -50,6 +52,7 @@ class GType(enum.Enum):
     I64 = "I64"
     Q4_0 = "Q4_0"
     Q4_1 = "Q4_1"
+    Q5_0 = "Q5_0"
     Q8_0 = "Q8_0"
     Q8_1 = "Q8_1"
     Q4_K = "Q4_K"

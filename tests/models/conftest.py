@@ -30,6 +30,26 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """The Gemma 3 270M Q4_K_M file, assembled once into the model cache (the package is
+    installed by ./dev.sh test: a missing one fails here, it is not skipped)."""
+    from ggx.models.catalog import KNOWN_MODELS
+
+    return KNOWN_MODELS["gemma3"].path()
+
+
+@pytest.fixture(scope="session")
+def gemma3_golden_greedy() -> list[dict]:
+    with open(DATA / "gemma3_q4_k_m_greedy.jsonl", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def gemma3_golden_tokenize() -> list[dict]:
+    return json.loads((DATA / "gemma3_tokenize.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
 def golden_greedy() -> list[dict]:
     with open(DATA / "smollm2_q4_1_greedy.jsonl", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]

@@ -1,4 +1,4 @@
-"""Tiny synthetic llama GGUF files (dense or MoE, random weights) written with gguf.GGUFWriter."""
+"""Tiny synthetic GGUF files (llama dense or MoE, gemma3; random weights) written with gguf.GGUFWriter."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,70 +24,119 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, list(_MERGES)
 
 
+class _Writer:
+    """A GGUFWriter with the shared metadata (and the tiny BPE vocabulary) written, adding random tensors."""
+
+    def __init__(self, path: Path, arch: str, *, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
+                 seed: int, n_ctx_train: int, head_dim: int | None = None, rope_base: float = 10000.0,
+                 rms_eps: float = 1e-5):
+        self.rng = np.random.default_rng(seed)
+        tokens, types, merges = tiny_vocab()
+        self.n_vocab = len(tokens)
+        w = self.w = gguf.GGUFWriter(str(path), arch)
+        w.add_block_count(n_layer)
+        w.add_context_length(n_ctx_train)
+        w.add_embedding_length(n_embd)
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_head_kv)
+        w.add_rope_freq_base(rope_base)
+        w.add_layer_norm_rms_eps(rms_eps)
+        if head_dim is not None:
+            w.add_key_length(head_dim)
+            w.add_value_length(head_dim)
+        w.add_rope_dimension_count(head_dim or n_embd // n_head)
+        w.add_vocab_size(self.n_vocab)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(1)
+        w.add_add_bos_token(False)
+
+    def add(self, name: str, ne: tuple[int, ...], kind: gguf.GGMLQuantizationType | str, scale: float = 0.5) -> None:
+        kind = gguf.GGMLQuantizationType[kind] if isinstance(kind, str) else kind
+        values = (self.rng.standard_normal(tuple(reversed(ne))) * scale).astype(np.float32)
+        if kind == gguf.GGMLQuantizationType.F32:
+            self.w.add_tensor(name, values)
+        elif kind == gguf.GGMLQuantizationType.F16:
+            self.w.add_tensor(name, values.astype(np.float16))
+        else:
+            self.w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+
+    def add_norm(self, name: str, n: int) -> None:
+        self.w.add_tensor(name, (1.0 + 0.1 * self.rng.standard_normal(n)).astype(np.float32))
+
+    def close(self, path: Path) -> Path:
+        self.w.write_header_to_file()
+        self.w.write_kv_data_to_file()
+        self.w.write_tensors_to_file()
+        self.w.close()
+        return path
+
+
 def write_tiny_llama(path: Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                      n_ff: int = 96, n_expert: int = 0, n_expert_used: int = 0, wtype: str = "Q4_1",
                      tied: bool = True, seed: int = 0, n_ctx_train: int = 512) -> Path:
     """A random-weight llama GGUF (weights of type `wtype`, Q8_0 embedding, F32 norms and router)."""
-    rng = np.random.default_rng(seed)
-    tokens, types, merges = tiny_vocab()
-    n_vocab = len(tokens)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(n_layer)
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(n_embd // n_head)
-    w.add_vocab_size(n_vocab)
+    wr = _Writer(path, "llama", n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+                 seed=seed, n_ctx_train=n_ctx_train)
     if n_expert:
-        w.add_expert_count(n_expert)
-        w.add_expert_used_count(n_expert_used)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
-    w.add_add_bos_token(False)
-    qtype = gguf.GGMLQuantizationType[wtype]
-
-    def add(name: str, ne: tuple[int, ...], kind: gguf.GGMLQuantizationType, scale: float = 0.5) -> None:
-        values = (rng.standard_normal(tuple(reversed(ne))) * scale).astype(np.float32)
-        if kind == gguf.GGMLQuantizationType.F32:
-            w.add_tensor(name, values)
-        elif kind == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(name, values.astype(np.float16))
-        else:
-            w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
-
-    f32, e, kv = gguf.GGMLQuantizationType.F32, n_embd, n_embd // n_head * n_head_kv
-    add("token_embd.weight", (e, n_vocab), gguf.GGMLQuantizationType.Q8_0, 1.0)
+        wr.w.add_expert_count(n_expert)
+        wr.w.add_expert_used_count(n_expert_used)
+    add, e, kv = wr.add, n_embd, n_embd // n_head * n_head_kv
+    add("token_embd.weight", (e, wr.n_vocab), "Q8_0", 1.0)
     for i in range(n_layer):
         b = f"blk.{i}."
-        w.add_tensor(b + "attn_norm.weight", (1.0 + 0.1 * rng.standard_normal(e)).astype(np.float32))
-        add(b + "attn_q.weight", (e, e), qtype, 0.3)
-        add(b + "attn_k.weight", (e, kv), qtype, 0.3)
-        add(b + "attn_v.weight", (e, kv), qtype, 0.3)
-        add(b + "attn_output.weight", (e, e), qtype, 0.2)
-        w.add_tensor(b + "ffn_norm.weight", (1.0 + 0.1 * rng.standard_normal(e)).astype(np.float32))
+        wr.add_norm(b + "attn_norm.weight", e)
+        add(b + "attn_q.weight", (e, e), wtype, 0.3)
+        add(b + "attn_k.weight", (e, kv), wtype, 0.3)
+        add(b + "attn_v.weight", (e, kv), wtype, 0.3)
+        add(b + "attn_output.weight", (e, e), wtype, 0.2)
+        wr.add_norm(b + "ffn_norm.weight", e)
         if n_expert:
-            add(b + "ffn_gate_inp.weight", (e, n_expert), f32, 0.5)
-            add(b + "ffn_gate_exps.weight", (e, n_ff, n_expert), qtype, 0.3)
-            add(b + "ffn_up_exps.weight", (e, n_ff, n_expert), qtype, 0.3)
-            add(b + "ffn_down_exps.weight", (n_ff, e, n_expert), qtype, 0.2)
+            add(b + "ffn_gate_inp.weight", (e, n_expert), "F32", 0.5)
+            add(b + "ffn_gate_exps.weight", (e, n_ff, n_expert), wtype, 0.3)
+            add(b + "ffn_up_exps.weight", (e, n_ff, n_expert), wtype, 0.3)
+            add(b + "ffn_down_exps.weight", (n_ff, e, n_expert), wtype, 0.2)
         else:
-            add(b + "ffn_gate.weight", (e, n_ff), qtype, 0.3)
-            add(b + "ffn_up.weight", (e, n_ff), qtype, 0.3)
-            add(b + "ffn_down.weight", (n_ff, e), qtype, 0.2)
-    w.add_tensor("output_norm.weight", np.ones(e, dtype=np.float32))
+            add(b + "ffn_gate.weight", (e, n_ff), wtype, 0.3)
+            add(b + "ffn_up.weight", (e, n_ff), wtype, 0.3)
+            add(b + "ffn_down.weight", (n_ff, e), wtype, 0.2)
+    wr.w.add_tensor("output_norm.weight", np.ones(e, dtype=np.float32))
     if not tied:
-        add("output.weight", (e, n_vocab), qtype, 0.5)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        add("output.weight", (e, wr.n_vocab), wtype, 0.5)
+    return wr.close(path)
+
+
+def write_tiny_gemma3(path: Path, *, n_layer: int = 3, n_embd: int = 64, n_head: int = 2, n_head_kv: int = 1,
+                      head_dim: int = 48, n_ff: int = 64, n_swa: int = 6, swa_pattern: int = 3, wtype: str = "Q8_0",
+                      seed: int = 2, n_ctx_train: int = 2048, rope_base: float = 1e6) -> Path:
+    """A random-weight gemma3 GGUF: head size `head_dim` (not n_embd / n_head), Q/K norms, post
+    norms, a sliding window of `n_swa` on layers il % swa_pattern < swa_pattern - 1."""
+    wr = _Writer(path, "gemma3", n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+                 seed=seed, n_ctx_train=n_ctx_train, head_dim=head_dim, rope_base=rope_base, rms_eps=1e-6)
+    if n_swa:
+        wr.w.add_sliding_window(n_swa)
+        wr.w.add_uint32("gemma3.attention.sliding_window_pattern", swa_pattern)
+    add, e, q, kv = wr.add, n_embd, head_dim * n_head, head_dim * n_head_kv
+    add("token_embd.weight", (e, wr.n_vocab), "Q8_0", 0.2)
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        wr.add_norm(b + "attn_norm.weight", e)
+        add(b + "attn_q.weight", (e, q), wtype, 0.3)
+        add(b + "attn_k.weight", (e, kv), wtype, 0.3)
+        add(b + "attn_v.weight", (e, kv), wtype, 0.3)
+        wr.add_norm(b + "attn_q_norm.weight", head_dim)
+        wr.add_norm(b + "attn_k_norm.weight", head_dim)
+        add(b + "attn_output.weight", (q, e), wtype, 0.2)
+        wr.add_norm(b + "post_attention_norm.weight", e)
+        wr.add_norm(b + "ffn_norm.weight", e)
+        add(b + "ffn_gate.weight", (e, n_ff), wtype, 0.3)
+        add(b + "ffn_up.weight", (e, n_ff), wtype, 0.3)
+        add(b + "ffn_down.weight", (n_ff, e), wtype, 0.2)
+        wr.add_norm(b + "post_ffw_norm.weight", e)
+    wr.w.add_tensor("output_norm.weight", np.ones(e, dtype=np.float32))
+    return wr.close(path)

@@ -9,14 +9,14 @@ import pytest
 from gguf_synth import write_tiny_llama
 
 from ggx.errors import GGXError, GGXFormatError
-from ggx.models import GGUFFile, LlamaHParams, Tokenizer, check_header
+from ggx.models import GGUFFile, Tokenizer, check_header, read_hparams
 from ggx.types import GType
 
 
 def _load_all(path: Path) -> None:
     """Everything load_model reads before touching a device."""
     f = GGUFFile(path)
-    LlamaHParams.from_gguf(f)
+    read_hparams(f)
     Tokenizer.from_gguf(f)
 
 
@@ -30,7 +30,7 @@ def _tensor_info_offset(raw: bytes, name: str) -> int:
 
 def test_real_file_loads(smollm2_path):
     f = GGUFFile(smollm2_path)
-    hp = LlamaHParams.from_gguf(f)
+    _, hp = read_hparams(f)
     assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_vocab) == (30, 576, 9, 3, 49152)
     assert hp.rope_freq_base == 100000.0 and hp.tied_output
     emb = f.tensor("token_embd.weight")
@@ -41,9 +41,9 @@ def test_real_file_loads(smollm2_path):
 
 def test_tiny_file_roundtrip(tiny_llama):
     f = GGUFFile(tiny_llama)
-    hp = LlamaHParams.from_gguf(f)
-    assert hp.n_layer == 2 and hp.head_dim == 16 and hp.n_embd_kv == 32
-    assert set(hp.expected_tensors()) <= set(f.tensors)
+    arch, hp = read_hparams(f)
+    assert arch.name == "llama" and hp.n_layer == 2 and hp.head_dim == 16 and hp.n_embd_kv == 32
+    assert set(arch.expected_tensors(hp)) <= set(f.tensors)
 
 
 def test_real_file_truncated_anywhere(smollm2_path):
@@ -168,7 +168,7 @@ def test_missing_tensor_and_shape_mismatch(tmp_path):
     p2 = tmp_path / "missing.gguf"
     p2.write_bytes(bytes(bad))
     f = GGUFFile(p2)
-    hp = LlamaHParams.from_gguf(f)  # no output.weight: the model is read as tied
+    _, hp = read_hparams(f)  # no output.weight: the model is read as tied
     assert hp.tied_output
     bad = bytearray(raw)
     name = "blk.1.ffn_up.weight"

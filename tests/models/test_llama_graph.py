@@ -7,7 +7,7 @@ import pytest
 from gguf_synth import write_tiny_llama
 
 from ggx.errors import GGXShapeError
-from ggx.models import GGUFFile, LlamaHParams, load_model
+from ggx.models import GGUFFile, load_model, read_hparams
 
 PROMPT = [5, 70, 71, 72, 3, 200, 33, 101, 9, 44, 45]
 
@@ -15,7 +15,7 @@ PROMPT = [5, 70, 71, 72, 3, 200, 33, 101, 9, 44, 45]
 def numpy_llama(path, ids: list[int]) -> np.ndarray:
     """An independent float64 llama (dequantized weights, causal attention, NORMAL rope): logits (T, n_vocab)."""
     f = GGUFFile(path)
-    hp = LlamaHParams.from_gguf(f)
+    _, hp = read_hparams(f)
 
     def W(name):
         t = f.tensor(name)
@@ -132,7 +132,7 @@ def test_bad_inputs(tiny_model):
 
 def test_fused_qkv_and_gate_up_change_nothing(tiny_llama, tiny_model):
     from ggx.graph import Context, build_graph
-    from ggx.models.llama import build_llama
+    from ggx.models.blocks import BatchShape
     from ggx.ops import Op
 
     assert "blk.0.attn_qkv.weight" in tiny_model.weights and "blk.0.attn_q.weight" not in tiny_model.weights
@@ -141,7 +141,7 @@ def test_fused_qkv_and_gate_up_change_nothing(tiny_llama, tiny_model):
     np.testing.assert_allclose(tiny_model.forward(PROMPT), plain.forward(PROMPT), rtol=1e-6, atol=1e-5)
 
     def n_mul_mat(m):
-        logits, _ = build_llama(Context(), m.hp, m.weights, m.cache, 1, 256, 1)
+        logits, _ = m.arch.build(Context(), m.hp, m.weights, m.cache, BatchShape(1, 256, 1))
         return sum(n.op is Op.MUL_MAT for n in build_graph(logits).nodes)
 
     assert n_mul_mat(plain) - n_mul_mat(tiny_model) == 3 * tiny_model.hp.n_layer
@@ -157,4 +157,4 @@ def test_stale_or_garbage_cache_bytes_never_leak(tiny_llama, flash_attn):
     again = m.forward(PROMPT)
     np.testing.assert_array_equal(again, clean)
     m.eval([i % 200 for i in range(300 - len(PROMPT))])  # crosses into the second 256-slot bucket: zeroed on the way
-    assert m.cache.n_zeroed == 512 and np.isfinite(m.eval([3])).all()
+    assert m.cache.full.n_zeroed == 512 and np.isfinite(m.eval([3])).all()

@@ -41,7 +41,7 @@ def test_the_default_devices_keep_one_device_and_its_placement(tiny_llama):
     assert m.runner.split_devices == [host] and m.layer_split.layers == (host,) * m.hp.n_layer
     assert str(m.layer_split) == f"{host.name} layers 0-1 + output"
     # every weight where the one buffer-type list of all the devices puts it (the placement before splits)
-    one_list = load_weights(m.file, m.hp, m.runner.weight_bufts, host.buffer_type())
+    one_list = load_weights(m.file, m.hp, m.arch.expected_tensors(m.hp), m.runner.weight_bufts, host.buffer_type())
     assert placed(m) == {name: t.data_buffer.buft.name for name, t in one_list.tensors.items()}
     assert m.placement == one_list.placement
     assert [b.buft for b in m.cache.buffers] == [host.buffer_type()] and m.cache.buffer is m.cache.buffers[0]

@@ -27,10 +27,10 @@ def ref_logits(tiny_moe):
 
 def test_moe_graph_uses_mul_mat_id(tiny_moe):
     from ggx.graph import Context, build_graph
-    from ggx.models.llama import build_llama
+    from ggx.models.blocks import BatchShape
 
     m = load_model(tiny_moe, devices=["ref"])
-    logits, _ = build_llama(Context(), m.hp, m.weights, m.cache, 4, 256)
+    logits, _ = m.arch.build(Context(), m.hp, m.weights, m.cache, BatchShape(4, 256, 4))
     ops = [n.op for n in build_graph(logits).nodes]
     assert ops.count(Op.MUL_MAT_ID) == 3 * m.hp.n_layer and Op.ARGSORT in ops
 

@@ -15,8 +15,8 @@ wherever llama.cpp's top-2 margin is >= 0.5.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from golden_compare import greedy_prefix_matches, logits_as_decoded, logits_one_pass, teacher_forced
 
 from ggx.models import load_model
 
@@ -37,52 +37,8 @@ def cases(model, golden_greedy):
     return golden_greedy[:2] if on_ref else golden_greedy
 
 
-def _margin(step: dict) -> float:
-    top = step["top"]
-    return top[0][1] - top[1][1]
-
-
-def _logits_one_pass(model, case) -> np.ndarray:
-    """Logits of every golden step from one forward pass over prompt + generated ids."""
-    ids = case["prompt_ids"] + case["gen_ids"]
-    logits = model.forward(ids)
-    assert logits.shape == (len(ids), model.n_vocab) and logits.dtype == np.float32
-    p = len(case["prompt_ids"])
-    return logits[p - 1: p - 1 + len(case["steps"])]
-
-
-def _logits_as_decoded(model, case) -> np.ndarray:
-    """Logits of every golden step as llama.cpp made them: the prompt, then one golden token at a time."""
-    model.reset()
-    rows = [model.eval(case["prompt_ids"])[-1]]
-    for token in case["gen_ids"][: len(case["steps"]) - 1]:
-        rows.append(model.eval([token])[-1])
-    return np.stack(rows)
-
-
-def _teacher_forced(model, cases, flash_attn: bool, step_logits) -> tuple[float, float, int]:
-    model.flash_attn = flash_attn
-    diffs, checked = [], 0
-    try:
-        for case in cases:
-            logits = step_logits(model, case)
-            for s, step in enumerate(case["steps"]):
-                row = logits[s]
-                diffs.extend(abs(float(row[i]) - v) for i, v in step["top"])
-                if _margin(step) >= MARGIN:
-                    checked += 1
-                    assert int(row.argmax()) == step["top"][0][0], f"{case['prompt']!r} step {s}"
-    finally:
-        model.flash_attn = True
-    worst, mean = max(diffs), float(np.mean(diffs))
-    print(f"\nteacher forcing on {[d.name for d in model.runner.devices]}, flash_attn={flash_attn}, "
-          f"{step_logits.__name__}: max |diff| {worst:.3f}, mean {mean:.3f} over {len(diffs)} logits; "
-          f"argmax checked at {checked}")
-    return worst, mean, checked
-
-
 def test_teacher_forced_logits_agree_with_llama_cpp(model, cases, record_property):
-    worst, mean, checked = _teacher_forced(model, cases, False, _logits_one_pass)
+    worst, mean, checked = teacher_forced(model, cases, False, logits_one_pass, MARGIN)
     record_property("max_logit_diff", worst)
     record_property("mean_logit_diff", mean)
     assert worst <= MAX_DIFF and mean <= MEAN_DIFF
@@ -90,7 +46,7 @@ def test_teacher_forced_logits_agree_with_llama_cpp(model, cases, record_propert
 
 
 def test_teacher_forced_flash_attention_as_decoded(model, cases, record_property):
-    worst, mean, checked = _teacher_forced(model, cases, True, _logits_as_decoded)
+    worst, mean, checked = teacher_forced(model, cases, True, logits_as_decoded, MARGIN)
     record_property("max_logit_diff_flash", worst)
     record_property("mean_logit_diff_flash", mean)
     assert worst <= MAX_DIFF and mean <= MEAN_DIFF
@@ -98,11 +54,4 @@ def test_teacher_forced_flash_attention_as_decoded(model, cases, record_property
 
 
 def test_greedy_generation_matches_up_to_first_near_tie(model, cases):
-    for case in cases:
-        steps = case["steps"]
-        n = max(1, next((s for s, st in enumerate(steps) if _margin(st) < NEAR_TIE), len(steps)))
-        got = [t.id for t in model.generate(case["prompt_ids"], max_tokens=n, stop_at_eos=False)]
-        assert got == case["gen_ids"][:n], case["prompt"]
-        assert model.detokenize(got) == model.detokenize(case["gen_ids"][:n])
-        if n == len(steps):
-            assert model.detokenize(got) == case["text"]
+    greedy_prefix_matches(model, cases, NEAR_TIE)

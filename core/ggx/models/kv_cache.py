@@ -1,23 +1,34 @@
-"""The KV cache: per layer one F16 K and one F16 V tensor [n_embd_kv, n_ctx] in device memory.
+"""The KV cache: per layer one F16 K and one F16 V tensor [n_embd_kv, slots] in device memory.
 
 Each layer's K and V live in that layer's buffer type (a model split over devices keeps a
 layer's cache on the device that runs the layer, as llama.cpp does); layers sharing a buffer
 type share one buffer, so a one-device model has one cache buffer.
 
-Slot j holds the keys (values) of the token at position j: row j of each tensor, its n_head_kv
-heads of head_dim values side by side. The graph writes new rows in place with set_rows (the
-slots are input data, not shapes) and reads the first `n_kv` rows, where `n_kv` is the filled
-length rounded up to `KV_PAD` slots: the mask hides the padding, and the graph shape (hence the
-scheduler's plan) stays the same for KV_PAD decode steps in a row.
+Layers come in up to two groups, each with its own slots (llama.cpp's iSWA cache):
+- full-context layers: `n_ctx` slots, slot j holds the token at position j;
+- sliding-window layers (a model with `n_swa` > 0): a query at position p sees only keys at
+  positions p - n_swa < k <= p, so their group keeps `n_ctx_swa` = n_swa + n_batch slots
+  (rounded up to KV_PAD, at most n_ctx) used as a ring: position p goes to slot p % n_ctx_swa,
+  and memory does not grow with the context. n_batch more than the window is what lets the
+  first token of a batch still see its window while the batch's later tokens overwrite the
+  oldest slots (the batch's K and V are written before its attention reads them).
+  `swa_full` gives this group n_ctx slots too (llama.cpp's swa_full): same results, more memory.
+Each row of a slot holds n_head_kv heads of head_dim values side by side. The graph writes new
+rows in place with set_rows (the slots are input data, not shapes) and reads a group's first
+`n_kv` slots: its filled length rounded up to KV_PAD, at most its size. The mask hides padding,
+slots of later positions and keys outside the window, so the graph shape (hence the
+scheduler's plan) stays the same for KV_PAD decode steps in a row, and for good once the ring
+is full.
 
 Visible slots that no token has written yet must hold zeros, not leftover or uninitialized
 bytes (a masked slot's weight is 0, but 0 * NaN is NaN in the soft_max path). Rather than
 zeroing the whole cache on every reset (94 MiB for SmolLM2 at n_ctx 4096: ~0.2 s of page
-faults at load), `batch_inputs` zeroes slots as they first become visible after a reset.
+faults at load), `plan` zeroes slots as they first become visible after a reset.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,21 +38,88 @@ from ..errors import GGXShapeError, GGXStateError
 from ..tensor import Tensor
 from ..types import GType
 
-KV_PAD = 256  # llama.cpp pads n_kv to 256 as well
+KV_PAD = 256  # llama.cpp pads n_kv (and the SWA cache size) to 256 as well
+
+
+@dataclass
+class SlotGroup:
+    """The slots shared by a group of layers: position p lives in slot p % size."""
+
+    size: int
+    window: int  # 0: every earlier position is visible; else only the last `window` positions
+    layers: list[int]
+    #: cell_pos[j]: the position slot j holds, -1 when empty
+    cell_pos: np.ndarray
+    n_zeroed: int = 0  # slots [0, n_zeroed) were zeroed (or written) since the last clear
+
+    def n_kv_for(self, n_filled: int) -> int:
+        return min(self.size, -(-n_filled // KV_PAD) * KV_PAD)
+
+
+@dataclass
+class GroupBatch:
+    """One group's inputs for a batch."""
+
+    n_kv: int  # slots the graph reads
+    kv_idx: np.ndarray  # I64 [T]: the slot of each token
+    mask: np.ndarray  # F16 (T, n_kv): 0 where token t may see slot j, -inf elsewhere
+    cell_pos: np.ndarray  # the group's cell positions once the batch is written
+
+
+@dataclass
+class CacheBatch:
+    """What one batch of tokens needs from the cache: the graph's shapes and its input data."""
+
+    start: int  # position of the batch's first token
+    pos: np.ndarray  # I32 [T]
+    full: GroupBatch  # full-context layers
+    swa: GroupBatch | None  # sliding-window layers (None: the model has none)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.pos.size)
+
+    @property
+    def n_kv(self) -> int:
+        return self.full.n_kv
+
+    @property
+    def n_kv_swa(self) -> int:
+        return self.swa.n_kv if self.swa is not None else 0
 
 
 class KVCache:
-    """`buft`: one buffer type for every layer, or a list with one per layer."""
+    """`buft`: one buffer type for every layer, or a list with one per layer.
 
-    def __init__(self, n_layer: int, n_embd_kv: int, n_ctx: int, buft: BufferType | Sequence[BufferType]):
+    `swa_layers[il]` marks the sliding-window layers of a model with window `n_swa`; `n_batch`
+    is the most tokens a batch will hold (it sizes their ring, see the module docstring).
+    """
+
+    def __init__(self, n_layer: int, n_embd_kv: int, n_ctx: int, buft: BufferType | Sequence[BufferType],
+                 swa_layers: Sequence[bool] = (), n_swa: int = 0, n_batch: int = 512, swa_full: bool = False):
         if n_ctx <= 0:
             raise GGXShapeError(f"KV cache: n_ctx must be positive, got {n_ctx}")
+        if n_batch <= 0:
+            raise GGXShapeError(f"KV cache: n_batch must be positive, got {n_batch}")
         bufts = [buft] * n_layer if isinstance(buft, BufferType) else list(buft)
         if len(bufts) != n_layer:
             raise GGXShapeError(f"KV cache: {len(bufts)} buffer types for {n_layer} layers")
+        swa = [bool(s) for s in swa_layers] if n_swa > 0 else []
+        if swa and len(swa) != n_layer:
+            raise GGXShapeError(f"KV cache: {len(swa)} sliding-window flags for {n_layer} layers")
         self.n_ctx = n_ctx
-        self.k = [Tensor(GType.F16, (n_embd_kv, n_ctx), name=f"cache_k_l{i}") for i in range(n_layer)]
-        self.v = [Tensor(GType.F16, (n_embd_kv, n_ctx), name=f"cache_v_l{i}") for i in range(n_layer)]
+        self.n_batch = n_batch
+        #: slots of the sliding-window layers (n_ctx when there are none, or with swa_full)
+        self.n_ctx_swa = n_ctx if swa_full or not any(swa) else min(n_ctx, -(-(n_swa + n_batch) // KV_PAD) * KV_PAD)
+        self.full = SlotGroup(n_ctx, 0, [il for il in range(n_layer) if not (swa and swa[il])],
+                              np.full(n_ctx, -1, np.int64))
+        self.swa: SlotGroup | None = None
+        if any(swa):
+            self.swa = SlotGroup(self.n_ctx_swa, n_swa, [il for il in range(n_layer) if swa[il]],
+                                 np.full(self.n_ctx_swa, -1, np.int64))
+        slots = [self.n_ctx_swa if swa and swa[il] else n_ctx for il in range(n_layer)]
+        self.k = [Tensor(GType.F16, (n_embd_kv, slots[i]), name=f"cache_k_l{i}") for i in range(n_layer)]
+        self.v = [Tensor(GType.F16, (n_embd_kv, slots[i]), name=f"cache_v_l{i}") for i in range(n_layer)]
         #: the buffer type of each layer's K and V
         self.bufts: list[BufferType] = bufts
         groups: dict[int, tuple[BufferType, list[Tensor], list[Tensor]]] = {}
@@ -53,7 +131,6 @@ class KVCache:
         #: K tensors, then their V tensors)
         self.buffers: list[Buffer] = [alloc_tensors(b, ks + vs) for b, ks, vs in groups.values()]
         self.n_past = 0
-        self.n_zeroed = 0  # slots [0, n_zeroed) were zeroed (or written) since the last clear
         self.clear()
 
     @property
@@ -64,34 +141,73 @@ class KVCache:
                                 f"({', '.join(b.buft.name for b in self.buffers)}): use .buffers")
         return self.buffers[0]
 
-    def clear(self) -> None:
-        """Forget every token; slots are zeroed again as they become visible (`batch_inputs`)."""
-        self.n_past = 0
-        self.n_zeroed = 0
+    @property
+    def groups(self) -> list[SlotGroup]:
+        return [self.full] if self.swa is None else [self.full, self.swa]
 
-    def _zero_slots(self, n_kv: int) -> None:
-        """Zero slots [n_zeroed, n_kv) of every layer's K and V."""
-        lo = self.n_zeroed
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.k + self.v)
+
+    def clear(self) -> None:
+        """Forget every token; slots are zeroed again as they become visible (`plan`)."""
+        self.n_past = 0
+        for g in self.groups:
+            g.cell_pos[:] = -1
+            g.n_zeroed = 0
+
+    def _zero_slots(self, g: SlotGroup, n_kv: int) -> None:
+        """Zero slots [n_zeroed, n_kv) of the group's layers' K and V."""
+        lo = g.n_zeroed
         if n_kv <= lo:
             return
-        for t in self.k + self.v:
-            row = t.nb[1]
-            t.buffer.memset_tensor(t, 0, lo * row, (n_kv - lo) * row)
-        self.n_zeroed = n_kv
+        for il in g.layers:
+            for t in (self.k[il], self.v[il]):
+                row = t.nb[1]
+                t.buffer.memset_tensor(t, 0, lo * row, (n_kv - lo) * row)
+        g.n_zeroed = n_kv
 
     def n_kv_for(self, n_filled: int) -> int:
-        """Visible slots for a batch ending at `n_filled` tokens: rounded up to KV_PAD, at most n_ctx."""
+        """Visible slots of the full-context layers for a batch ending at `n_filled` tokens:
+        rounded up to KV_PAD, at most n_ctx."""
         if n_filled > self.n_ctx:
             raise GGXShapeError(f"KV cache: {n_filled} tokens do not fit in a context of {self.n_ctx}")
-        return min(self.n_ctx, -(-n_filled // KV_PAD) * KV_PAD)
+        return self.full.n_kv_for(n_filled)
 
-    def batch_inputs(self, n_tokens: int, n_kv: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(pos I32 [T], kv_idx I64 [T], mask F16 numpy (T, n_kv)) for the next `n_tokens` tokens."""
+    def plan(self, n_tokens: int) -> CacheBatch:
+        """The inputs of the next `n_tokens` tokens (appended after `n_past`); `commit` records them."""
         start = self.n_past
+        if n_tokens <= 0:
+            raise GGXShapeError(f"KV cache: a batch needs at least one token, got {n_tokens}")
         if start + n_tokens > self.n_ctx:
             raise GGXShapeError(f"KV cache: {start} + {n_tokens} tokens do not fit in a context of {self.n_ctx}")
-        self._zero_slots(n_kv)
+        if self.swa is not None and self.swa.size < self.n_ctx and n_tokens + self.swa.window - 1 > self.swa.size:
+            raise GGXShapeError(f"KV cache: a batch of {n_tokens} tokens is more than the sliding-window ring "
+                                f"of {self.swa.size} slots holds with a window of {self.swa.window} "
+                                f"(at most {self.n_batch} tokens per batch)")
         pos = np.arange(start, start + n_tokens, dtype=np.int32)
-        slots = np.arange(n_kv)
-        mask = np.where(slots[None, :] <= pos[:, None], 0.0, -np.inf).astype(np.float16)  # causal
-        return pos, pos.astype(np.int64), mask
+        groups = [self._group_batch(g, pos) for g in self.groups]
+        return CacheBatch(start, pos, groups[0], groups[1] if len(groups) > 1 else None)
+
+    def _group_batch(self, g: SlotGroup, pos: np.ndarray) -> GroupBatch:
+        n_kv = g.n_kv_for(int(pos[-1]) + 1)
+        self._zero_slots(g, n_kv)
+        kv_idx = pos.astype(np.int64) % g.size
+        cell_pos = g.cell_pos.copy()
+        cell_pos[kv_idx] = pos
+        held = cell_pos[:n_kv][None, :]
+        q = pos[:, None].astype(np.int64)
+        visible = (held >= 0) & (held <= q)
+        if g.window:
+            visible &= q - held < g.window
+        mask = np.where(visible, 0.0, -np.inf).astype(np.float16)
+        return GroupBatch(n_kv, kv_idx, mask, cell_pos)
+
+    def commit(self, batch: CacheBatch) -> None:
+        """Record that `batch` was written (its graph ran)."""
+        if batch.start != self.n_past:
+            raise GGXStateError(f"KV cache: a batch planned at position {batch.start} committed at {self.n_past}")
+        self.full.cell_pos = batch.full.cell_pos
+        if self.swa is not None and batch.swa is not None:
+            self.swa.cell_pos = batch.swa.cell_pos
+        self.n_past += batch.n_tokens

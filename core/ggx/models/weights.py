@@ -26,15 +26,15 @@ from ..placement import LayerSplit, PlacementReport, alloc_weights, select_buft
 from ..tensor import Tensor, TensorFlag
 from ..types import GType
 from .gguf_file import GGUFFile
-from .hparams import LlamaHParams
+from .hparams import HParams
 
 #: rows of the dummy activation in the representative op (ggml uses a large batch too, so
 #: extra buffer types that only speed up batched products still qualify)
 _REPR_TOKENS = 512
 
 
-def representative_op(w: Tensor, name: str, hp: LlamaHParams) -> Tensor:
-    """The op that will read `w` in the llama graph, over a dummy activation (not computed)."""
+def representative_op(w: Tensor, name: str, hp: HParams) -> Tensor:
+    """The op that will read `w` in the model graph, over a dummy activation (not computed)."""
     ctx = Context()
     if name.endswith("norm.weight"):
         return ctx.mul(ctx.tensor(GType.F32, [w.ne[0], _REPR_TOKENS]), w)
@@ -54,7 +54,7 @@ FUSIONS = {"attn_qkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"
            "ffn_gate_up.weight": ("ffn_gate.weight", "ffn_up.weight")}
 
 
-def fused_sources(f: GGUFFile, hp: LlamaHParams) -> dict[str, tuple[str, ...]]:
+def fused_sources(f: GGUFFile, hp: HParams) -> dict[str, tuple[str, ...]]:
     """Per layer, which fused weights can be made: the parts share one type (rows just stack)."""
     out: dict[str, tuple[str, ...]] = {}
     for il in range(hp.n_layer):
@@ -99,10 +99,12 @@ class Weights:
     placement: PlacementReport
 
 
-def load_weights(f: GGUFFile, hp: LlamaHParams, bufts: Sequence[BufferType] | BuftsOf, host_buft: BufferType,
+def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
+                 bufts: Sequence[BufferType] | BuftsOf, host_buft: BufferType,
                  progress: bool = False, host_experts: bool = False, fuse: bool = True,
                  candidates: Sequence[BufferType] | None = None) -> Weights:
-    """Every tensor the graph reads, as leaves in device buffers.
+    """Every tensor the graph reads (`expected`: name -> ne, the architecture's list), as
+    leaves in device buffers.
 
     Each weight goes to the first of `bufts` (`ggx.placement.buft_list`) that supports its
     representative op; `bufts` may instead be a function of the weight's name giving its own
@@ -122,11 +124,10 @@ def load_weights(f: GGUFFile, hp: LlamaHParams, bufts: Sequence[BufferType] | Bu
     """
     fused = fused_sources(f, hp) if fuse else {}
     replaced = {n for parts in fused.values() for n in parts}
-    shapes = {n: ne for n, ne in hp.expected_tensors().items() if n not in replaced}
+    shapes = {n: ne for n, ne in expected.items() if n not in replaced}
     sources: dict[str, tuple[str, ...]] = {n: (n,) for n in shapes}
     for name, parts in fused.items():
-        first = hp.expected_tensors()[parts[0]]
-        shapes[name] = (first[0], sum(hp.expected_tensors()[p][1] for p in parts))
+        shapes[name] = (expected[parts[0]][0], sum(expected[p][1] for p in parts))
         sources[name] = parts
     if hp.tied_output:  # a candidate copy of token_embd for the output mul_mat, kept only if placed apart
         shapes[OUTPUT] = shapes[EMBD]

@@ -74,7 +74,7 @@ KERNELS: dict[Op, tuple[str, str]] = {
 }
 
 #: Weight types the matrix-product kernels take (mul_mat / mul_mat_id src[0]).
-MUL_MAT_TYPES = frozenset({GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q4_1, GType.Q8_0,
+MUL_MAT_TYPES = frozenset({GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0,
                            GType.Q4_K, GType.Q6_K})
 
 #: Ops cheaper than waking a second thread of numba's pool run on one thread when their result

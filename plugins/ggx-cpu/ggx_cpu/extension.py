@@ -27,7 +27,7 @@ Activation quantizers (ggml's vec_dot_types, as a structure of arrays: see `Q8Ac
 SIMD vocabulary (LLVM vectors in numba; `ggx_cpu.isa.simd` conventions: element offsets,
 unaligned, unchecked)
     types `Vec`, `I8x16`, `I8x32`, `I16x16`, `I32x8`, `F32x8`; loads, stores, splats, lane-wise
-    arithmetic, horizontal sum, nibble expansion, f16 conversion, prefetch; `make_shuffled_load`
+    arithmetic, horizontal sum, nibble expansion (and Q5_0's fifth bits), f16 conversion, prefetch; `make_shuffled_load`
     for loads that spread values over lanes; `llvm_type`, `elem_ptr`, `load_vector`,
     `declare` for writing intrinsics of your own.
 """
@@ -67,6 +67,7 @@ from .isa.simd import (
     mul_i32x8,
     nibbles_at,
     nibbles_i8x32,
+    or_bits16_at,
     prefetch,
     splat_f16_at,
     splat_f32x8,
@@ -104,7 +105,7 @@ __all__ = [
     "add_i32x8", "sub_i32x8", "mul_i32x8", "add_f32x8", "sub_f32x8", "mul_f32x8",
     "fma_f32x8", "fma_i32x8_f32x8", "i32x8_to_f32x8", "hsum_f32x8", "lane", "xor80_i8x32",
     # nibbles and scalar conversions
-    "nibbles_i8x32", "nibbles_at", "split_nibbles_i8x32", "f16_bits_to_f32", "bits_to_f32",
+    "nibbles_i8x32", "nibbles_at", "split_nibbles_i8x32", "or_bits16_at", "f16_bits_to_f32", "bits_to_f32",
     # writing intrinsics
     "llvm_type", "elem_ptr", "load_vector", "declare",
 ]

@@ -20,7 +20,7 @@ def _rows(seed: int = 0) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("name", ["F16", "BF16", "Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("name", ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q8_0"])
 def test_quantize_bit_exact(name):
     x = _rows()
     mine = convert.quantize(x, GType[name])
@@ -38,7 +38,7 @@ def test_f16_rounding_specials():
     assert np.isnan(nan[0, 0])
 
 
-@pytest.mark.parametrize("name", ["F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
 def test_dequantize_matches_ggml(name):
     gtype = GType[name]
     rng = np.random.default_rng(1)
@@ -57,6 +57,20 @@ def test_dequantize_matches_ggml(name):
     mine = convert.dequantize(raw, gtype, n)
     ref = quants.dequantize(raw.reshape(-1, gtype.row_size(n)), QT[name]).reshape(mine.shape)
     assert np.array_equal(mine, ref)
+
+
+def test_q5_0_every_fifth_bit_pattern():
+    """Random bytes (any qh word, any nibbles) decode as ggml's dequantize_row_q5_0 does, and the
+    quantizer's output reads back through gguf's decoder."""
+    rng = np.random.default_rng(5)
+    blocks = np.frombuffer(rng.bytes(64 * 22), GType.Q5_0.block_dtype).copy()
+    blocks["d"] = rng.uniform(-2, 2, 64).astype(np.float16)
+    raw = blocks.view(np.uint8).reshape(8, -1)
+    ref = quants.dequantize(raw, QT.Q5_0)
+    assert np.array_equal(convert.dequantize(raw, GType.Q5_0, 256), ref)
+    x = _rows(4)
+    assert np.array_equal(convert.dequantize(convert.quantize(x, GType.Q5_0), GType.Q5_0, 256),
+                          quants.dequantize(quants.quantize(x, QT.Q5_0), QT.Q5_0))
 
 
 def test_dequantize_q8_k_and_q8_1():

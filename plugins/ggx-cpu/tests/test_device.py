@@ -63,6 +63,10 @@ def test_supports_op_by_type(dev):
     f32 = ctx.tensor(GType.F32, (256, 4))
     assert dev.supports_op(ctx.get_rows(ctx.tensor(GType.Q6_K, (256, 8)), ctx.tensor(GType.I32, (2,))))
     assert dev.supports_op(ctx.cpy(f32, ctx.tensor(GType.Q4_0, (256, 4))))
+    q5 = ctx.tensor(GType.Q5_0, (640, 8))
+    assert dev.supports_op(ctx.cpy(f32, ctx.tensor(GType.Q5_0, (256, 4))))
+    assert dev.supports_op(ctx.mul_mat(q5, ctx.tensor(GType.F32, (640, 3))))
+    assert dev.supports_op(ctx.get_rows(q5, ctx.tensor(GType.I32, (2,))))
     assert not dev.supports_op(ctx.cpy(f32, ctx.tensor(GType.Q8_K, (256, 4))))
     assert dev.supports_op(ctx.reshape(f32, (1024,)))
     assert dev.supports_op(ctx.flash_attn_ext(ctx.tensor(GType.F32, (64, 2, 4)), ctx.tensor(GType.F16, (64, 8, 2)),

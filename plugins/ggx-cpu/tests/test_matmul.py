@@ -156,7 +156,8 @@ def run_mul_mat(a_type: GType, k: int, m: int, n: int, a23=(1, 1), b23=(1, 1), n
     return tensor_array(node), ref
 
 
-WEIGHT_TYPES = [GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q4_1, GType.Q8_0, GType.Q4_K, GType.Q6_K]
+WEIGHT_TYPES = [GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0, GType.Q4_K,
+                GType.Q6_K]
 
 
 @pytest.mark.parametrize("a_type", WEIGHT_TYPES, ids=lambda t: t.name)
@@ -167,7 +168,7 @@ def test_random_vs_oracle(a_type, n, variant):
     assert nmse(out, ref) < (1e-5 if a_type is GType.Q4_1 else 1e-10)
 
 
-@pytest.mark.parametrize("a_type", [GType.Q4_0, GType.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("a_type", [GType.Q4_0, GType.Q4_1, GType.Q5_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("k", [32, 96, 320])  # 1, 3 (odd: a last lone block), 10 blocks per row
 def test_gemv_row_quads_any_block_count(a_type, k, variant):
     """The gemv row quads (AVX-512 VNNI: two blocks per 512-bit step) for odd and even block
@@ -176,7 +177,7 @@ def test_gemv_row_quads_any_block_count(a_type, k, variant):
     assert nmse(out, ref) < (1e-5 if a_type is GType.Q4_1 else 1e-10)
 
 
-@pytest.mark.parametrize("a_type", [GType.Q4_0, GType.Q8_0, GType.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("a_type", [GType.Q4_0, GType.Q5_0, GType.Q8_0, GType.F16], ids=lambda t: t.name)
 def test_broadcast_and_permuted_b(a_type, variant):
     out, ref = run_mul_mat(a_type, 256, 8, 5, a23=(2, 1), b23=(6, 2), seed=3)
     assert nmse(out, ref) < 1e-10
@@ -191,7 +192,34 @@ def test_threads_give_identical_results():
     np.testing.assert_array_equal(one, two)
 
 
-@pytest.mark.parametrize("a_type", [GType.Q4_0, GType.Q4_1, GType.Q6_K, GType.F32], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 8])
+def test_q5_0_extreme_values_every_fifth_bit(n, variant):
+    """Weights at both ends of Q5_0's range (q = 0 and 31, |q - 16| up to 16) against activations
+    at +-127 after quantization: the 8-bit products must neither saturate nor drop a fifth bit.
+    K = 640 is Gemma 3 270M's row (20 blocks)."""
+    k, m = 640, 8
+    rng = np.random.default_rng(9)
+    blocks = np.zeros((m, k // 32), GType.Q5_0.block_dtype)
+    blocks["d"] = np.float16(0.5)
+    blocks["qh"] = rng.integers(0, 2**32, blocks.shape, dtype=np.uint64).astype(np.uint32)
+    blocks["qh"][0] = 0xFFFFFFFF  # row 0: every value 16..31
+    blocks["qh"][1] = 0  # row 1: every value 0..15
+    blocks["qs"] = rng.choice(np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8), blocks["qs"].shape)
+    raw = blocks.view(np.uint8).reshape(-1)
+    from gguf import GGMLQuantizationType, quants
+    wv = quants.dequantize(raw.reshape(m, -1), GGMLQuantizationType.Q5_0).astype(np.float64)
+    ctx = ggx.Context()
+    a, b = ctx.tensor(GType.Q5_0, (k, m)), ctx.tensor(GType.F32, (k, n))
+    node = ctx.mul_mat(a, b)
+    alloc(a, b, node)
+    a.buffer.set_tensor(a, raw)
+    x = np.where(rng.random((n, k)) < 0.5, -1.0, 1.0).astype(np.float32)
+    tensor_array(b)[...] = x
+    matmul.mul_mat(node, 1)()
+    assert nmse(tensor_array(node), act_values(x, GType.Q5_0) @ wv.T) < 1e-10
+
+
+@pytest.mark.parametrize("a_type", [GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q6_K, GType.F32], ids=lambda t: t.name)
 @pytest.mark.parametrize("b_ne1", [1, 3])
 def test_mul_mat_id_repeated_and_unused_experts(a_type, b_ne1, variant):
     rng = np.random.default_rng(11)

@@ -17,7 +17,8 @@ from ggx_cuda.kernels import NAME_EXPRESSIONS
 from ggx_cuda.ops import TABLE, copy, load_all, supports_op
 
 F32, F16, BF16, I32, I64 = GType.F32, GType.F16, GType.BF16, GType.I32, GType.I64
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = GType.Q4_0, GType.Q4_1, GType.Q8_0, GType.Q4_K, GType.Q6_K
+Q4_0, Q4_1, Q5_0, Q8_0 = GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0
+Q4_K, Q6_K = GType.Q4_K, GType.Q6_K
 OPS = (Op.CPY, Op.DUP, Op.CONT)
 SOURCE = "copy.cu"
 #: conversions the backend declines: the K-quant scale search (make_qkx2_quants, make_qx_quants)
@@ -192,7 +193,7 @@ def _quant_blocks(rng: np.random.Generator, nblocks: int) -> np.ndarray:
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # reading back blocks whose F16 scale is inf
-@pytest.mark.parametrize("dst_t", [Q8_0, Q4_0, Q4_1])
+@pytest.mark.parametrize("dst_t", [Q8_0, Q4_0, Q4_1, Q5_0])
 def test_quantizer_edge_blocks_bytes(dst_t, host_cc):
     def build(b):
         a = b.leaf(F32, (64, 8), "a", _quant_blocks(b.rng, 16).reshape(8, 64))
@@ -201,7 +202,7 @@ def test_quantizer_edge_blocks_bytes(dst_t, host_cc):
 
 
 @pytest.mark.parametrize("src_t", [F16, BF16])
-@pytest.mark.parametrize("dst_t", [Q8_0, Q4_0])
+@pytest.mark.parametrize("dst_t", [Q8_0, Q4_0, Q5_0])
 def test_half_sources_to_quant(src_t, dst_t, host_cc):
     def build(b):
         return b.ctx.cpy(b.transposed(src_t, (64, 6), "a"), b.leaf(dst_t, (64, 6), "b"))

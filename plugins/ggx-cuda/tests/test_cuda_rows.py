@@ -17,7 +17,8 @@ from ggx_cuda.kernels import NAME_EXPRESSIONS
 from ggx_cuda.ops import TABLE, load_all, rows, supports_op
 
 F32, F16, BF16, I32, I64 = GType.F32, GType.F16, GType.BF16, GType.I32, GType.I64
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = GType.Q4_0, GType.Q4_1, GType.Q8_0, GType.Q4_K, GType.Q6_K
+Q4_0, Q4_1, Q5_0, Q8_0 = GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0
+Q4_K, Q6_K = GType.Q4_K, GType.Q6_K
 OPS = (Op.GET_ROWS, Op.SET_ROWS)
 SOURCE = "rows.cu"
 #: SET_ROWS into K-quants: their scale search (make_qkx2_quants, make_qx_quants) is not ported
@@ -122,7 +123,7 @@ def _random_blocks(rng: np.random.Generator, t: GType, nblocks: int) -> np.ndarr
     return raw
 
 
-@pytest.mark.parametrize("t", [Q4_0, Q4_1, Q8_0, Q4_K, Q6_K])
+@pytest.mark.parametrize("t", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K])
 def test_get_rows_random_blocks(t, host_cc):
     def build(b):
         k = 2 * t.block_size
@@ -144,7 +145,7 @@ def test_get_rows_strided_ids_and_nan_payloads(host_cc):
     ct.check_emulated(case(Op.GET_ROWS, build, (F32,), type=F32, ids="transposed"), True)
 
 
-@pytest.mark.parametrize("dst_t", [F32, F16, BF16, Q8_0, Q4_0, Q4_1])
+@pytest.mark.parametrize("dst_t", [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0])
 @pytest.mark.parametrize("it", [I32, I64])
 def test_set_rows_broadcast_ids_into_a_view(dst_t, it, host_cc):
     """ids [n, 1, 2] broadcast over src [k, n, 3, 2]; dst a row-strided view of a larger cache."""

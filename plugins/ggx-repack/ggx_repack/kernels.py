@@ -16,8 +16,13 @@ even loads, B: the odd ones) are scaled per lane by the rows' scales (`_f16_pair
 only at the end are the lanes of each row added (`lane_rows`: A lanes then B lanes -> row in
 the group).
 
-Offsets (-8 for Q4_0 nibbles, +128 for the xor-ed Q8_0 bytes, Q4_K mins) use the activation's
-block sums: an integer accumulator starts at -8 * sum(y) / (lanes per row) instead of 0.
+Q5_0 8x8 is Q4_0 8x8 plus one fifth-bit plane per nibble vector (`or_bits16_at`: 16 on the
+lanes whose bit is set), so its values 0..31 take the same unsigned products (2 * 31 * 127 stays
+below vpmaddubsw's saturation).
+
+Offsets (-8 for Q4_0 nibbles, -16 for Q5_0 values, +128 for the xor-ed Q8_0 bytes, Q4_K mins)
+use the activation's block sums: an integer accumulator starts at e.g. -8 * sum(y) / (lanes per
+row) instead of 0.
 
 Inputs (validated by buffer.py before a kernel runs):
   w       uint8: the repack buffer's bytes; matrix g's groups start at byte wg[g], group i's
@@ -51,6 +56,7 @@ from ggx_cpu.extension import (
     make_shuffled_load,
     mul_f32x8,
     mul_i32x8,
+    or_bits16_at,
     quantize_rows_q8,
     quantize_rows_q8_K,
     register_token,
@@ -81,7 +87,7 @@ class LayoutType(TokenType):
         self.nrows = lay.nrows
         self.interleave = lay.interleave
         self.xor_mask = lay.xor_mask
-        self.family = lay.name[:4]  # "q4_0", "q4_1", "q8_0", "q4_K"
+        self.family = lay.name[:4]  # "q4_0", "q4_1", "q5_0", "q8_0", "q4_K"
         super().__init__(name=f"Layout({lay.name})")
 
 
@@ -141,15 +147,34 @@ def _is_q4_1(lay):
 
 
 @token_constant
+def _is_q5(lay):
+    return lay.family == "q5_0"
+
+
+@token_constant
 def _head(lay):
-    """Bytes of a Q4 group block's header (scales, and Q4_1's mins)."""
-    return 2 * lay.nrows * (2 if lay.family == "q4_1" else 1)
+    """Bytes of a Q4 / Q5 group block's header (scales, and Q4_1's mins or Q5_0's fifth-bit planes)."""
+    return 2 * lay.nrows * {"q4_1": 2, "q5_0": 3}.get(lay.family, 1)
 
 
 @token_constant
 def _corr(lay):
-    """Per-lane start factor of a Q4_0 group block (-8 / lanes per row); 0 for the others."""
-    return (-4 if lay.nrows == 8 else -2) if lay.family == "q4_0" else 0
+    """Per-lane start factor of a Q4_0 / Q5_0 group block (offset / lanes per row); 0 for the others."""
+    offset = {"q4_0": -8, "q5_0": -16}.get(lay.family, 0)
+    return offset // (2 if lay.nrows == 8 else 4)
+
+
+@njit(cache=True, inline="always")
+def _q5_bits(lay, w, o, l0, h0, l1, h1, l2, h2, l3, h3):
+    """Q5_0 8x8: the fifth bits (planes after the scales, see layouts.q5_planes) added to the 8
+    nibble vectors of a group block; the vectors unchanged for the Q4 layouts."""
+    if _is_q5(lay):
+        p = o + 2 * lay_rows(lay)
+        l0, h0 = or_bits16_at(l0, w, p), or_bits16_at(h0, w, p + 4)
+        l1, h1 = or_bits16_at(l1, w, p + 8), or_bits16_at(h1, w, p + 12)
+        l2, h2 = or_bits16_at(l2, w, p + 16), or_bits16_at(h2, w, p + 20)
+        l3, h3 = or_bits16_at(l3, w, p + 24), or_bits16_at(h3, w, p + 28)
+    return l0, h0, l1, h1, l2, h2, l3, h3
 
 
 @token_constant
@@ -198,7 +223,7 @@ def _fma2(acc, t, ia, ib, sa, sb):
 
 @njit(cache=True, inline="always")
 def _block_q4(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
-    """One Q4_0 / Q4_1 group block (N rows x 32 values) against columns c..c+nt."""
+    """One Q4_0 / Q4_1 / Q5_0 group block (N rows x 32 values) against columns c..c+nt."""
     qo = o + _head(lay)
     l0, h0 = split_nibbles_i8x32(load_i8x32(w, qo), _mask(lay))
     l1, h1 = split_nibbles_i8x32(load_i8x32(w, qo + 32), _mask(lay))
@@ -206,6 +231,7 @@ def _block_q4(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
     if _is8(lay):
         l2, h2 = split_nibbles_i8x32(load_i8x32(w, qo + 64), _mask(lay))
         l3, h3 = split_nibbles_i8x32(load_i8x32(w, qo + 96), _mask(lay))
+    l0, h0, l1, h1, l2, h2, l3, h3 = _q5_bits(lay, w, o, l0, h0, l1, h1, l2, h2, l3, h3)
     sa = _scales(lay, w, o, 0)
     sb = _scales(lay, w, o, 1)
     ma = mb = zero_f32x8()
@@ -376,7 +402,7 @@ def _block(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
 
 @overload(_block, inline="always")
 def _ol_block(isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc):
-    f = {"q4_0": _block_q4, "q4_1": _block_q4, "q8_0": _block_q8, "q4_K": _block_q4_K}[lay.family]
+    f = {"q4_0": _block_q4, "q4_1": _block_q4, "q5_0": _block_q4, "q8_0": _block_q8, "q4_K": _block_q4_K}[lay.family]
     return lambda isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc: f(
         isa, lay, w, o, yq, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc)
 
@@ -394,7 +420,7 @@ def _store_rows(out, oo, rows, n, a, b):
 
 @njit(cache=True, inline="always")
 def _gemv_q4(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows):
-    """One Q4_0 / Q4_1 row group against one column: the gemv, as _block_q4 with nt = 1 but
+    """One Q4_0 / Q4_1 / Q5_0 row group against one column: the gemv, as _block_q4 with nt = 1 but
     with both float accumulators kept in registers across all K blocks."""
     fa = zero_f32x8()
     fb = zero_f32x8()
@@ -410,6 +436,7 @@ def _gemv_q4(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, 
         if _is8(lay):
             l2, h2 = split_nibbles_i8x32(load_i8x32(w, qo + 64), _mask(lay))
             l3, h3 = split_nibbles_i8x32(load_i8x32(w, qo + 96), _mask(lay))
+            l0, h0, l1, h1, l2, h2, l3, h3 = _q5_bits(lay, w, o, l0, h0, l1, h1, l2, h2, l3, h3)
             ia = dot_u8s8(isa, dot_u8s8(isa, init, l0, _yop(lay, yq, y)), h0, _yop(lay, yq, y + 16))
             ia = dot_u8s8(isa, dot_u8s8(isa, ia, l2, _yop(lay, yq, y + 8)), h2, _yop(lay, yq, y + 24))
             ib = dot_u8s8(isa, dot_u8s8(isa, init, l1, _yop(lay, yq, y)), h1, _yop(lay, yq, y + 16))
@@ -447,14 +474,14 @@ def _gemv_q8(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, 
 
 
 def _gemv(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows):
-    """The register gemv of the x86 layouts (q4_0_8x8, q4_1_8x8, q8_0_4x4). The NEON-style
+    """The register gemv of the x86 layouts (q4_0_8x8, q4_1_8x8, q5_0_8x8, q8_0_4x4). The NEON-style
     Q4_0 groupings and Q4_K take the tile path: a gemv per variant costs ~5 s of cold compile."""
 
 
 def _gemv_kernel(t: LayoutType):
     if t.family == "q8_0":
         return _gemv_q8
-    return _gemv_q4 if t.family in ("q4_0", "q4_1") and t.nrows == 8 else None
+    return _gemv_q4 if t.family in ("q4_0", "q4_1", "q5_0") and t.nrows == 8 else None
 
 
 @overload(_gemv, inline="always")

@@ -21,6 +21,7 @@ row 0, ... Every quant byte is then xor-ed with the layout's `xor_mask`.
 Group-block headers (little-endian, scales in row order r = 0..N-1):
   q4_0_NxB  d[N] f16                                              quants 16 B per row
   q4_1_8x8  d[N] f16, m[N] f16                                    quants 16 B per row
+  q5_0_8x8  d[N] f16, 8 fifth-bit planes of 4 B (`q5_planes`)     quants 16 B per row
   q8_0_4x4  d[N] f16                                              quants 32 B per row
   q4_K_8x8  d[N] f16, dmin[N] f16, sc[8][N] u8, mn[8][N] u8       quants 128 B per row
 The Q4_K header holds the 6-bit sub-block scales and mins already decoded (ggml keeps them
@@ -65,13 +66,14 @@ class Layout:
     @property
     def quant_bytes(self) -> int:
         """Quant bytes of one row in one block."""
-        return {GType.Q4_0: 16, GType.Q4_1: 16, GType.Q8_0: 32, GType.Q4_K: 128}[self.gtype]
+        return {GType.Q4_0: 16, GType.Q4_1: 16, GType.Q5_0: 16, GType.Q8_0: 32, GType.Q4_K: 128}[self.gtype]
 
     @property
     def head_bytes(self) -> int:
         """Header bytes of one group block (scales and the like)."""
         n = self.nrows
-        return {GType.Q4_0: 2 * n, GType.Q4_1: 4 * n, GType.Q8_0: 2 * n, GType.Q4_K: 4 * n + 16 * n}[self.gtype]
+        return {GType.Q4_0: 2 * n, GType.Q4_1: 4 * n, GType.Q5_0: 6 * n, GType.Q8_0: 2 * n,
+                GType.Q4_K: 4 * n + 16 * n}[self.gtype]
 
     @functools.cached_property
     def group_bytes(self) -> int:
@@ -97,6 +99,7 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
     Layout("q4_0_4x8", GType.Q4_0, 4, 8, 0x88),
     Layout("q4_0_4x4", GType.Q4_0, 4, 4, 0x88),
     Layout("q4_1_8x8", GType.Q4_1, 8, 8, 0x00),
+    Layout("q5_0_8x8", GType.Q5_0, 8, 8, 0x00),
     Layout("q8_0_4x4", GType.Q8_0, 4, 4, 0x80),
     Layout("q4_K_8x8", GType.Q4_K, 8, 8, 0x00),
 )}
@@ -109,6 +112,7 @@ SELECTION: tuple[tuple[GType, tuple[str, ...], int, str], ...] = (
     (GType.Q4_0, ("neon_i8mm",), 4, "q4_0_4x8"),
     (GType.Q4_0, ("neon_dotprod",), 4, "q4_0_4x4"),
     (GType.Q4_1, X86, 8, "q4_1_8x8"),
+    (GType.Q5_0, X86, 8, "q5_0_8x8"),
     (GType.Q4_K, X86, 8, "q4_K_8x8"),
     (GType.Q8_0, X86 + ("neon_dotprod",), 4, "q8_0_4x4"),
 )
@@ -153,6 +157,30 @@ def deinterleave(p: np.ndarray, n: int, block: int) -> np.ndarray:
     *lead, total = p.shape
     x = p.reshape(*lead, total // (n * block), n, block)
     return np.swapaxes(x, -3, -2).reshape(*lead, n, total // n)
+
+
+def q5_planes(qh: np.ndarray) -> np.ndarray:
+    """The 8 rows' qh bytes (..., 8 rows, 4) -> (..., 8 planes, 4) in the order the 8x8 kernels
+    take them: plane 2k (k < 4) holds the fifth bits of quant load k's low nibbles, plane 2k + 1
+    of its high ones. Load k covers rows 4 * (k % 2) .. + 3 and bytes 8 * (k // 2) .. + 7 of each
+    (`interleave`); byte j's low nibble is value j (qh byte j // 8), its high nibble value 16 + j
+    (qh byte 2 + j // 8): plane byte m is row 4 * (k % 2) + m's qh byte k // 2 (+ 2 for high)."""
+    out = np.empty(qh.shape, np.uint8)
+    for k in range(4):
+        rows = slice(4 * (k % 2), 4 * (k % 2) + 4)
+        out[..., 2 * k, :] = qh[..., rows, k // 2]
+        out[..., 2 * k + 1, :] = qh[..., rows, k // 2 + 2]
+    return out
+
+
+def q5_unplanes(planes: np.ndarray) -> np.ndarray:
+    """The inverse of `q5_planes`."""
+    qh = np.empty(planes.shape, np.uint8)
+    for k in range(4):
+        rows = slice(4 * (k % 2), 4 * (k % 2) + 4)
+        qh[..., rows, k // 2] = planes[..., 2 * k, :]
+        qh[..., rows, k // 2 + 2] = planes[..., 2 * k + 1, :]
+    return qh
 
 
 def k4_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -201,6 +229,8 @@ def repack(lay: Layout, raw: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
     parts = [_bytes(b["d"], lead)]
     if lay.gtype is GType.Q4_1:
         parts.append(_bytes(b["m"], lead))
+    if lay.gtype is GType.Q5_0:
+        parts.append(q5_planes(np.ascontiguousarray(b["qh"]).view(np.uint8).reshape(*lead, 8, 4)).reshape(*lead, 32))
     if lay.gtype is GType.Q4_K:
         sc, mn = k4_scales_mins(b["scales"])  # (..., N, 8)
         parts += [_bytes(b["dmin"], lead), _bytes(np.swapaxes(sc, -1, -2), lead), _bytes(np.swapaxes(mn, -1, -2), lead)]
@@ -226,6 +256,8 @@ def unpack(lay: Layout, packed: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
     out["d"] = take(2 * n).view(f16)
     if lay.gtype is GType.Q4_1:
         out["m"] = take(2 * n).view(f16)
+    if lay.gtype is GType.Q5_0:
+        out["qh"] = q5_unplanes(take(32).reshape(*g.shape[:3], 8, 4)).view("<u4")[..., 0]
     if lay.gtype is GType.Q4_K:
         out["dmin"] = take(2 * n).view(f16)
         sc = np.swapaxes(take(8 * n).reshape(*g.shape[:3], 8, n), -1, -2)

@@ -87,6 +87,7 @@ def test_tensor_without_layout_is_refused(cpu):
 @pytest.mark.parametrize("gtype, M, ok", [
     (GType.Q4_0, 16, True), (GType.Q4_0, 12, False), (GType.Q8_0, 12, True),
     (GType.Q6_K, 16, False), (GType.F16, 16, False), (GType.Q4_1, 24, True), (GType.Q4_K, 8, True),
+    (GType.Q5_0, 16, True), (GType.Q5_0, 12, False),
 ])
 def test_supports_op_follows_the_selection(cpu, gtype, M, ok, monkeypatch):
     monkeypatch.delenv("GGX_REPACK_LAYOUTS", raising=False)

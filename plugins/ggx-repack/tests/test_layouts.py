@@ -21,6 +21,14 @@ def loop_repack(lay, raw: np.ndarray, K: int, M: int) -> np.ndarray:
             head = b"".join(r["d"].tobytes() for r in rows)
             if t is GType.Q4_1:
                 head += b"".join(r["m"].tobytes() for r in rows)
+            if t is GType.Q5_0:  # per quant load k (rows 4 (k % 2)..+3, bytes 8 (k // 2)..+7):
+                for k in range(4):  # the fifth bit of each lane's low nibble value, then high
+                    for hi in (0, 1):
+                        word = 0
+                        for i in range(32):
+                            r, j = 4 * (k % 2) + i // 8, 8 * (k // 2) + i % 8
+                            word |= ((int(rows[r]["qh"]) >> (j + 16 * hi)) & 1) << i
+                        head += word.to_bytes(4, "little")
             if t is GType.Q4_K:
                 head += b"".join(r["dmin"].tobytes() for r in rows)
                 dec = []
@@ -93,6 +101,9 @@ def test_k4_scale_packing_round_trips():
     (GType.Q4_0, 12, "neon_dotprod", "q4_0_4x4"),
     (GType.Q4_0, 12, "neon_i8mm", "q4_0_4x8"),
     (GType.Q4_1, 576, "avx512_vnni", "q4_1_8x8"),
+    (GType.Q5_0, 1024, "avx2", "q5_0_8x8"),  # Gemma 3 270M's attn_q [640, 1024]
+    (GType.Q5_0, 256, "avx512_vnni", "q5_0_8x8"),
+    (GType.Q5_0, 12, "portable", None),
     (GType.Q4_K, 1536, "portable", "q4_K_8x8"),
     (GType.Q8_0, 12, "avx2", "q8_0_4x4"),
     (GType.Q8_0, 6, "avx2", None),

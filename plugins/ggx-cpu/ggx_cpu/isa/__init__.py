@@ -10,7 +10,7 @@ raises `GGXUnsupported` naming what is missing.
 Kernels receive `token()` as their `isa` argument: its numba type selects the variant at
 compile time (`ggx_cpu.isa.tokens`); `ggx_cpu.isa.dispatch` maps the ISA-generic 8-bit products
 to each variant's module (`avx512_vnni`, `avx2`, `portable`). Kernels built on them:
-`vector` (Q4_0/Q4_1/Q8_0), `vector_kquants` (Q4_K/Q6_K), `vector_avx512` (512-bit row quads)
+`vector` (Q4_0/Q4_1/Q5_0/Q8_0), `vector_kquants` (Q4_K/Q6_K), `vector_avx512` (512-bit row quads)
 and `portable` (plain loops). Other plugins use all this through `ggx_cpu.extension`.
 
 This module imports no numba: `token()` loads it on first use.

@@ -12,7 +12,8 @@ activation layout `yq` values from `yo`, `yd` f32 per 256 values at `yo // 256 +
 the Q8_K bsums (int32 per 16 values) at `yo // 16 + g`.
 Q4_K block (144 B): f16 d @0, f16 dmin @2, 12 B packed 6-bit scales/mins @4, 128 B nibbles @16.
 Q6_K block (210 B): 128 B low nibbles @0, 64 B high 2-bit pairs @128, 16 x i8 scales @192,
-f16 d @208.
+f16 d @208. Q5_0 (as `ggx_cpu.isa.vector`): f16 d @0, u32 qh (bit j: bit 4 of value j) @2,
+16 B nibbles @6 (22 B).
 
 The products (`dot_u8s8`, `dot_s8s8`, `dot_u8s8_scaled`, for `ggx_cpu.isa.dispatch`) widen the
 bytes to int32 and multiply: exact for every input, on any target, so that a kernel written
@@ -113,6 +114,24 @@ def dot_q4_0(isa, w, wo, nb, yq, yd, ys, ys4, yo):
             v = np.int16(w[o + 2 + j])
             lo = np.int16(np.int16(v & 15) - np.int16(8))
             hi = np.int16(np.int16(v >> 4) - np.int16(8))
+            s = np.int16(np.int16(lo * np.int16(yq[y + j])) + np.int16(hi * np.int16(yq[y + 16 + j])))
+            acc[j] += np.float32(s) * scale
+    return acc.sum()
+
+
+@njit(cache=True)
+def dot_q5_0(isa, w, wo, nb, yq, yd, ys, ys4, yo):
+    """ggml's vec_dot_q5_0_q8_0: values (nibble | qh bit << 4) - 16, one f16 scale per block."""
+    acc = np.zeros(16, np.float32)
+    for b in range(nb):
+        o = wo + b * 22
+        y = yo + b * 32
+        scale = _f16(w, o) * yd[y // 32]
+        qh = np.int32(w[o + 2]) | (np.int32(w[o + 3]) << 8) | (np.int32(w[o + 4]) << 16) | (np.int32(w[o + 5]) << 24)
+        for j in range(16):
+            v = np.int16(w[o + 6 + j])
+            lo = np.int16(np.int16((v & 15) | np.int16(((qh >> j) & 1) << 4)) - np.int16(16))
+            hi = np.int16(np.int16((v >> 4) | np.int16(((qh >> (j + 16)) & 1) << 4)) - np.int16(16))
             s = np.int16(np.int16(lo * np.int16(yq[y + j])) + np.int16(hi * np.int16(yq[y + 16 + j])))
             acc[j] += np.float32(s) * scale
     return acc.sum()
@@ -227,6 +246,12 @@ def _tile(dot, isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo
 @njit(cache=True)
 def tile_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3):
     _tile(dot_q4_0, isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3)
+
+
+@njit(cache=True)
+def tile_q5_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3):
+    """4 rows x 4 columns of dot_q5_0 (Q5_0 blocks of 22 B), as 16 row dots."""
+    _tile(dot_q5_0, isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3)
 
 
 @njit(cache=True)

@@ -10,8 +10,9 @@ Conventions: loads and stores take an array and an *element* offset (bytes for (
 arrays) and are unaligned unless said otherwise; nothing is bounds-checked (the kernel wrapper
 proves its offsets first). A 32-value quantized block is one `i8x32` vector in value order;
 4-bit weights arrive as 16 bytes and the nibble helpers expand them to [low nibbles | high
-nibbles], which is ggml's value order for Q4_0/Q4_1 (value j < 16 is qs[j] & 15, value 16 + j
-is qs[j] >> 4). An `i32x8` lane i of an 8-bit product holds the dot product of bytes 4i..4i+3.
+nibbles], which is ggml's value order for Q4_0/Q4_1/Q5_0 (value j < 16 is qs[j] & 15, value
+16 + j is qs[j] >> 4; Q5_0's fifth bits come from its qh word, see `q5_at`). An `i32x8` lane i
+of an 8-bit product holds the dot product of bytes 4i..4i+3.
 """
 from __future__ import annotations
 
@@ -375,6 +376,49 @@ def nibbles_at(typingctx, w, o):
         return builder.and_(builder.bitcast(d, llvm_type(I8x32)), splat_const(I8, 32, 15))
 
     return I8x32(w, types.intp), codegen
+
+
+def _bits16(context, builder, arrty, arr, off):
+    """Codegen: byte j of the result is 16 where bit j of the 4 little-endian bytes at `off` is set,
+    else 0. Byte j // 8 is shuffled to byte j, masked with 1 << (j % 8) and compared with that mask
+    (ggml's bytes_from_bits_32): no shift per bit."""
+    qh = load_vector(context, builder, arrty, arr, off, ir.VectorType(I8, 4))
+    spread = builder.shuffle_vector(qh, qh, i32_vector([j // 8 for j in range(32)]))
+    bit = ir.Constant(llvm_type(I8x32), [ir.Constant(I8, 1 << (j % 8)) for j in range(32)])
+    is_set = builder.icmp_unsigned("==", builder.and_(spread, bit), bit)
+    return builder.select(is_set, splat_const(I8, 32, 16), ir.Constant(llvm_type(I8x32), None))
+
+
+@intrinsic
+def q5_at(typingctx, w, o):
+    """The 32 five-bit values 0..31 of a Q5_0 block body at byte o of w: the 4 bytes at o are qh
+    (little-endian; bit j is bit 4 of value j), the 16 bytes at o + 4 the nibbles, in ggml's
+    value order as `nibbles_at` (value j < 16 in qs[j] & 15, value 16 + j in qs[j] >> 4)."""
+    if not is_bytes_arg(w, o):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v16 = load_vector(context, builder, sig.args[0], args[0], builder.add(args[1], ir.Constant(args[1].type, 4)),
+                          ir.VectorType(I8, 16))
+        v32 = builder.shuffle_vector(v16, v16, i32_vector(list(range(16)) * 2))
+        d = builder.lshr(builder.bitcast(v32, llvm_type(I32x8)), i32_vector([0] * 4 + [4] * 4))
+        low = builder.and_(builder.bitcast(d, llvm_type(I8x32)), splat_const(I8, 32, 15))
+        return builder.or_(low, _bits16(context, builder, sig.args[0], args[0], args[1]))
+
+    return I8x32(w, types.intp), codegen
+
+
+@intrinsic
+def or_bits16_at(typingctx, v, w, o):
+    """v | 16 on byte j where bit j of the 4 little-endian bytes at byte o of w is set: a fifth
+    bit plane (Q5_0's qh, or a repacked layout's reordering of it) added to 32 nibble values."""
+    if v != I8x32 or not is_bytes_arg(w, o):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.or_(args[0], _bits16(context, builder, sig.args[1], args[1], args[2]))
+
+    return I8x32(I8x32, w, types.intp), codegen
 
 
 @intrinsic

@@ -1,4 +1,4 @@
-"""Q4_0 / Q4_1 / Q8_0 dot products on SIMD vectors, one source for every vector ISA.
+"""Q4_0 / Q4_1 / Q5_0 / Q8_0 dot products on SIMD vectors, one source for every vector ISA.
 
 The ISA-specific part is the 8-bit product `dot_u8s8` / `dot_s8s8` of `ggx_cpu.isa.dispatch`,
 specialized by the type of the `isa` token: AVX2 (vpmaddubsw + vpmaddwd) or AVX-512 VNNI
@@ -8,7 +8,7 @@ Layouts (shared with `ggx_cpu.isa.portable`, which has the same functions and si
 
 - weights `w`: uint8, ggml block bytes; a row starts at byte `wo` and holds `nb` blocks.
   Q4_0 block: f16 d @0, 16 B nibbles @2 (18 B). Q4_1: f16 d @0, f16 m @2, nibbles @4 (20 B).
-  Q8_0: f16 d @0, 32 x i8 @2 (34 B).
+  Q5_0: f16 d @0, u32 qh (fifth bits) @2, nibbles @6 (22 B). Q8_0: f16 d @0, 32 x i8 @2 (34 B).
 - activations (from `ggx_cpu.kernels.quantize_act`, structure of arrays): `yq` int8 values,
   a column starts at value `yo`; `yd` float32 block scale at `yo // 32 + b`; `ys` float32
   Q8_1 `s` (d * sum q) at `yo // 32 + b`; `ys4` int32 sums of 4 consecutive values at `yo // 4 + i`.
@@ -38,6 +38,7 @@ from .simd import (
     nibbles_at,
     nibbles_i8x32,
     prefetch_next_quad,
+    q5_at,
     splat_f16_at,
     splat_f32x8,
     zero_f32x8,
@@ -54,6 +55,15 @@ def _f16(w, o):
 def _q4_0_block(isa, acc, w, o, yq, yd, ys4, y):
     init = mul_i32x8(load_i32x8(ys4, y >> 2), -8)
     lanes = dot_u8s8(isa, init, nibbles_i8x32(load_i8x16(w, o + 2)), load_i8x32(yq, y))
+    return fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * at(yd, y >> 5)))
+
+
+@njit(cache=True, inline="always")
+def _q5_0_block(isa, acc, w, o, yq, yd, ys4, y):
+    # q in 0..31 is the unsigned operand (no vpmaddubsw saturation: 2 * 31 * 127 < 32767); the
+    # -16 offset of every value starts the lanes at -16 * (sums of y), as Q4_0's -8 does
+    init = mul_i32x8(load_i32x8(ys4, y >> 2), -16)
+    lanes = dot_u8s8(isa, init, q5_at(w, o + 2), load_i8x32(yq, y))
     return fma_i32x8_f32x8(acc, lanes, splat_f32x8(_f16(w, o) * at(yd, y >> 5)))
 
 
@@ -81,6 +91,19 @@ def dot_q4_0(isa, w, wo, nb, yq, yd, ys, ys4, yo):
         acc1 = _q4_0_block(isa, acc1, w, wo + b * 18 + 18, yq, yd, ys4, yo + b * 32 + 32)
     if nb % 2:
         acc0 = _q4_0_block(isa, acc0, w, wo + (nb - 1) * 18, yq, yd, ys4, yo + (nb - 1) * 32)
+    return hsum_f32x8(acc0) + hsum_f32x8(acc1)
+
+
+@njit(cache=True)
+def dot_q5_0(isa, w, wo, nb, yq, yd, ys, ys4, yo):
+    """sum_b d_w d_y sum_j (q_j - 16) y_j, q_j the 5-bit values: lanes start at -16 * (sums of y)."""
+    acc0 = zero_f32x8()
+    acc1 = zero_f32x8()
+    for b in range(0, nb - 1, 2):
+        acc0 = _q5_0_block(isa, acc0, w, wo + b * 22, yq, yd, ys4, yo + b * 32)
+        acc1 = _q5_0_block(isa, acc1, w, wo + b * 22 + 22, yq, yd, ys4, yo + b * 32 + 32)
+    if nb % 2:
+        acc0 = _q5_0_block(isa, acc0, w, wo + (nb - 1) * 22, yq, yd, ys4, yo + (nb - 1) * 32)
     return hsum_f32x8(acc0) + hsum_f32x8(acc1)
 
 
@@ -137,6 +160,29 @@ def rows4_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
         a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, i, nibbles_at(w, o1 + 2), v), mul_f32x8(splat_f16_at(w, o1), e))
         a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, i, nibbles_at(w, o2 + 2), v), mul_f32x8(splat_f16_at(w, o2), e))
         a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, i, nibbles_at(w, o3 + 2), v), mul_f32x8(splat_f16_at(w, o3), e))
+    out[oo] = hsum_f32x8(a0)
+    out[oo + 1] = hsum_f32x8(a1)
+    out[oo + 2] = hsum_f32x8(a2)
+    out[oo + 3] = hsum_f32x8(a3)
+
+
+@njit(cache=True)
+def rows4_q5_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
+    """out[oo + r] = dot_q5_0 of rows wo + r * wrs (r < 4) with the column at yo."""
+    a0 = a1 = a2 = a3 = zero_f32x8()
+    for b in range(nb):
+        o0 = wo + b * 22
+        o1 = o0 + wrs
+        o2 = o1 + wrs
+        o3 = o2 + wrs
+        prefetch_next_quad(w, wo, wrs, 88, b)
+        y = yo + b * 32
+        # shared by the 4 rows: the activation block, its -16 * sums (lane start), its scale
+        v, i, e = load_i8x32(yq, y), mul_i32x8(load_i32x8(ys4, y >> 2), -16), splat_f32x8(at(yd, y >> 5))
+        a0 = fma_i32x8_f32x8(a0, dot_u8s8(isa, i, q5_at(w, o0 + 2), v), mul_f32x8(splat_f16_at(w, o0), e))
+        a1 = fma_i32x8_f32x8(a1, dot_u8s8(isa, i, q5_at(w, o1 + 2), v), mul_f32x8(splat_f16_at(w, o1), e))
+        a2 = fma_i32x8_f32x8(a2, dot_u8s8(isa, i, q5_at(w, o2 + 2), v), mul_f32x8(splat_f16_at(w, o2), e))
+        a3 = fma_i32x8_f32x8(a3, dot_u8s8(isa, i, q5_at(w, o3 + 2), v), mul_f32x8(splat_f16_at(w, o3), e))
     out[oo] = hsum_f32x8(a0)
     out[oo + 1] = hsum_f32x8(a1)
     out[oo + 2] = hsum_f32x8(a2)
@@ -231,6 +277,45 @@ def tile_q4_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0
         a22 = fma_i32x8_f32x8(a22, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
         a32 = fma_i32x8_f32x8(a32, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
         v, i, e = load_i8x32(yq, y3), mul_i32x8(load_i32x8(ys4, y3 >> 2), -8), at(yd, y3 >> 5)
+        a03 = fma_i32x8_f32x8(a03, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
+        a13 = fma_i32x8_f32x8(a13, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
+        a23 = fma_i32x8_f32x8(a23, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
+        a33 = fma_i32x8_f32x8(a33, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
+    store_tile_4x4(out, oo0, oo1, oo2, oo3, a00, a01, a02, a03, a10, a11, a12, a13,
+                   a20, a21, a22, a23, a30, a31, a32, a33)
+
+
+@njit(cache=True)
+def tile_q5_0(isa, w, wo, wrs, nb, yq, yd, ys, ys4, yo0, yo1, yo2, yo3, out, oo0, oo1, oo2, oo3):
+    """4 rows x 4 columns of dot_q5_0, each weight and activation block loaded (and its fifth
+    bits spread) once."""
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = zero_f32x8()
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = zero_f32x8()
+    for b in range(nb):
+        o0 = wo + b * 22
+        o1 = o0 + wrs
+        o2 = o1 + wrs
+        o3 = o2 + wrs
+        w0, w1, w2, w3 = q5_at(w, o0 + 2), q5_at(w, o1 + 2), q5_at(w, o2 + 2), q5_at(w, o3 + 2)
+        d0, d1, d2, d3 = _f16(w, o0), _f16(w, o1), _f16(w, o2), _f16(w, o3)
+        y0, y1, y2, y3 = yo0 + b * 32, yo1 + b * 32, yo2 + b * 32, yo3 + b * 32
+        # column c: its activation block, its -16 * sums (lane start), its scale
+        v, i, e = load_i8x32(yq, y0), mul_i32x8(load_i32x8(ys4, y0 >> 2), -16), at(yd, y0 >> 5)
+        a00 = fma_i32x8_f32x8(a00, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
+        a10 = fma_i32x8_f32x8(a10, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
+        a20 = fma_i32x8_f32x8(a20, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
+        a30 = fma_i32x8_f32x8(a30, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
+        v, i, e = load_i8x32(yq, y1), mul_i32x8(load_i32x8(ys4, y1 >> 2), -16), at(yd, y1 >> 5)
+        a01 = fma_i32x8_f32x8(a01, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
+        a11 = fma_i32x8_f32x8(a11, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
+        a21 = fma_i32x8_f32x8(a21, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
+        a31 = fma_i32x8_f32x8(a31, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
+        v, i, e = load_i8x32(yq, y2), mul_i32x8(load_i32x8(ys4, y2 >> 2), -16), at(yd, y2 >> 5)
+        a02 = fma_i32x8_f32x8(a02, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
+        a12 = fma_i32x8_f32x8(a12, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
+        a22 = fma_i32x8_f32x8(a22, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))
+        a32 = fma_i32x8_f32x8(a32, dot_u8s8(isa, i, w3, v), splat_f32x8(d3 * e))
+        v, i, e = load_i8x32(yq, y3), mul_i32x8(load_i32x8(ys4, y3 >> 2), -16), at(yd, y3 >> 5)
         a03 = fma_i32x8_f32x8(a03, dot_u8s8(isa, i, w0, v), splat_f32x8(d0 * e))
         a13 = fma_i32x8_f32x8(a13, dot_u8s8(isa, i, w1, v), splat_f32x8(d1 * e))
         a23 = fma_i32x8_f32x8(a23, dot_u8s8(isa, i, w2, v), splat_f32x8(d2 * e))

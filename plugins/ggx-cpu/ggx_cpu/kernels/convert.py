@@ -5,6 +5,8 @@ Every routine here works on raw bytes (uint8 arrays) in ggml's block layouts (gg
 - F16 / BF16: 2 bytes per value, little-endian bits.
 - Q4_0 (18 B / 32 values): f16 d, 16 B nibbles; value = (q - 8) * d, low nibbles are values 0..15.
 - Q4_1 (20 B): f16 d, f16 m, 16 B nibbles; value = q * d + m.
+- Q5_0 (22 B): f16 d, u32 qh (little-endian, bit j = bit 4 of value j), 16 B nibbles as Q4_0;
+  value = (q - 16) * d.
 - Q8_0 (34 B): f16 d, 32 x i8; value = q * d.   Q8_1 (36 B): f16 d, f16 s, 32 x i8.
 - Q4_K (144 B / 256 values): f16 d, f16 dmin, 12 B packed 6-bit scales/mins, 128 B nibbles.
 - Q6_K (210 B / 256 values): 128 B low nibbles, 64 B high 2-bit pairs, 16 x i8 scales, f16 d.
@@ -28,7 +30,7 @@ from ggx.types import GType
 from . import LOAD_TYPES, STORE_TYPES  # noqa: F401  (the types load_row / store_row take)
 
 # ggml type ids (GType.ggml_id), the codes kernels switch on.
-F32, F16, Q4_0, Q4_1, Q8_0, Q8_1, Q4_K, Q6_K, Q8_K, I32, I64, BF16 = 0, 1, 2, 3, 8, 9, 12, 14, 15, 26, 27, 30
+F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q8_1, Q4_K, Q6_K, Q8_K, I32, I64, BF16 = 0, 1, 2, 3, 6, 8, 9, 12, 14, 15, 26, 27, 30
 
 
 
@@ -108,10 +110,14 @@ def wr_u16(buf, o, h):
 
 
 @njit(cache=True, inline="always")
+def rd_u32(buf, o):
+    return (np.uint32(buf[o]) | (np.uint32(buf[o + 1]) << np.uint32(8)) | (np.uint32(buf[o + 2]) << np.uint32(16))
+            | (np.uint32(buf[o + 3]) << np.uint32(24)))
+
+
+@njit(cache=True, inline="always")
 def rd_f32(buf, o):
-    u = (np.uint32(buf[o]) | (np.uint32(buf[o + 1]) << np.uint32(8)) | (np.uint32(buf[o + 2]) << np.uint32(16))
-         | (np.uint32(buf[o + 3]) << np.uint32(24)))
-    return bits_to_f32(u)
+    return bits_to_f32(rd_u32(buf, o))
 
 
 @njit(cache=True, inline="always")
@@ -155,6 +161,17 @@ def load_row(buf, off, code, n, out):
                 q = buf[p + 2 + j]
                 out[b * 32 + j] = np.float32(np.int32(q & 0xF) - 8) * d
                 out[b * 32 + j + 16] = np.float32(np.int32(q >> 4) - 8) * d
+    elif code == Q5_0:  # dequantize_row_q5_0
+        for b in range(n // 32):
+            p = off + b * 22
+            d = rd_f16(buf, p)
+            qh = rd_u32(buf, p + 2)
+            for j in range(16):
+                q = np.int32(buf[p + 6 + j])
+                h0 = np.int32(((qh >> j) << 4) & 0x10)
+                h1 = np.int32((qh >> (j + 12)) & 0x10)
+                out[b * 32 + j] = np.float32(((q & 0xF) | h0) - 16) * d
+                out[b * 32 + j + 16] = np.float32(((q >> 4) | h1) - 16) * d
     elif code == Q4_1:
         for b in range(n // 32):
             p = off + b * 20
@@ -267,6 +284,27 @@ def store_row(x, code, n, buf, off):
                 xi0 = min(15, np.int32(x0 + np.float32(8.5)))
                 xi1 = min(15, np.int32(x1 + np.float32(8.5)))
                 buf[p + 2 + j] = np.uint8(xi0 | (xi1 << 4))
+    elif code == Q5_0:  # quantize_row_q5_0_ref: Q4_0's rounding on 32 levels, bit 4 into qh
+        for b in range(n // 32):
+            v = x[b * 32: b * 32 + 32]
+            amax = np.float32(0.0)
+            vmax = np.float32(0.0)
+            for j in range(32):
+                if amax < abs(v[j]):
+                    amax = abs(v[j])
+                    vmax = v[j]
+            d = vmax / np.float32(-16.0)
+            ident = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            p = off + b * 22
+            wr_u16(buf, p, f32_to_f16(d))
+            qh = np.int64(0)
+            for j in range(16):
+                xi0 = min(31, np.int32(v[j] * ident + np.float32(16.5)))
+                xi1 = min(31, np.int32(v[j + 16] * ident + np.float32(16.5)))
+                buf[p + 6 + j] = np.uint8((xi0 & 0xF) | ((xi1 & 0xF) << 4))
+                qh |= (np.int64(xi0 >> 4) << j) | (np.int64(xi1 >> 4) << (j + 16))
+            for k in range(4):
+                buf[p + 2 + k] = np.uint8((qh >> (8 * k)) & 0xFF)
     elif code == Q4_1:  # quantize_row_q4_1_ref
         for b in range(n // 32):
             v = x[b * 32: b * 32 + 32]

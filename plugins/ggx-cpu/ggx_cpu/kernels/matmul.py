@@ -1,6 +1,6 @@
 """MUL_MAT and MUL_MAT_ID on the CPU (ggml_compute_forward_mul_mat / _mul_mat_id).
 
-Quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): the F32 activations are quantized once per
+Quantized weights (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K): the F32 activations are quantized once per
 call to the weight type's vec_dot_type (`quantize_act`), then every dot product runs on
 integers in the ISA variant `ggx_cpu.isa` selected (AVX-512 VNNI, AVX2 or portable). Float
 weights (F32, F16, BF16): activations are rounded once to the weight's type (ggml's F16/BF16
@@ -70,8 +70,8 @@ class KindType(TokenType):
 register_token(KindToken, KindType)
 
 #: quantized weight type -> its kind token
-QUANT_KINDS = {t: KindToken(name) for t, name in ((GType.Q4_0, "q4_0"), (GType.Q4_1, "q4_1"), (GType.Q8_0, "q8_0"),
-                                                  (GType.Q4_K, "q4_K"), (GType.Q6_K, "q6_K"))}
+QUANT_KINDS = {t: KindToken(name) for t, name in ((GType.Q4_0, "q4_0"), (GType.Q4_1, "q4_1"), (GType.Q5_0, "q5_0"),
+                                                  (GType.Q8_0, "q8_0"), (GType.Q4_K, "q4_K"), (GType.Q6_K, "q6_K"))}
 FLOAT_TYPES = (GType.F32, GType.F16, GType.BF16)
 SUPPORTED = tuple(QUANT_KINDS) + FLOAT_TYPES
 TILE = 4
@@ -89,11 +89,13 @@ class QuantKernels(NamedTuple):
 _VECTOR = {
     "q4_0": QuantKernels(vector.dot_q4_0, vector.rows4_q4_0, vector.tile_q4_0),
     "q4_1": QuantKernels(vector.dot_q4_1, vector.rows4_q4_1, vector.tile_q4_1),
+    "q5_0": QuantKernels(vector.dot_q5_0, vector.rows4_q5_0, vector.tile_q5_0),
     "q8_0": QuantKernels(vector.dot_q8_0, vector.rows4_q8_0, vector.tile_q8_0),
     "q4_K": QuantKernels(vector_kquants.dot_q4_K, vector_kquants.rows4_q4_K, vector_kquants.tile_q4_K),
     "q6_K": QuantKernels(vector_kquants.dot_q6_K, vector_kquants.rows4_q6_K, vector_kquants.tile_q6_K),
 }
-#: ISA variant -> weight kind -> its kernels
+#: ISA variant -> weight kind -> its kernels (AVX-512 VNNI has 512-bit gemv row quads for Q4_0/Q4_1
+#: only; its Q5_0 and Q8_0 run the 256-bit ones, with vpdpbusd as their product)
 QUANT_KERNELS: dict[str, dict[str, QuantKernels]] = {
     "avx512_vnni": {**_VECTOR,
                     "q4_0": _VECTOR["q4_0"]._replace(rows4=vector_avx512.rows4_q4_0),
@@ -102,6 +104,7 @@ QUANT_KERNELS: dict[str, dict[str, QuantKernels]] = {
     "portable": {
         "q4_0": QuantKernels(portable.dot_q4_0, None, portable.tile_q4_0),
         "q4_1": QuantKernels(portable.dot_q4_1, None, portable.tile_q4_1),
+        "q5_0": QuantKernels(portable.dot_q5_0, None, portable.tile_q5_0),
         "q8_0": QuantKernels(portable.dot_q8_0, None, portable.tile_q8_0),
         "q4_K": QuantKernels(portable.dot_q4_K, None, portable.tile_q4_K),
         "q6_K": QuantKernels(portable.dot_q6_K, None, portable.tile_q6_K),

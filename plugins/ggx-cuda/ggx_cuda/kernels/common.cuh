@@ -155,6 +155,49 @@ struct ggx_q4_1 {
     }
 };
 
+// a 5-bit quant of Q5_0: x * id + 16.5 (each operation rounded), truncated, clamped to 0..31
+static __device__ __forceinline__ int ggx_q5(float x, float id) {
+    const int q = (int) truncf(__fadd_rn(__fmul_rn(x, id), 16.5f));
+    return q < 0 ? 0 : (q > 31 ? 31 : q);
+}
+
+// Q5_0: f16 d, 4 bytes qh (little-endian; bit j is bit 4 of value j), 16 bytes of nibbles as
+// Q4_0's; value = (q - 16) * d. The block is 22 bytes: only 2-byte aligned, qh read bytewise
+struct ggx_q5_0 {
+    static constexpr int qk = 32;
+    static constexpr int ts = 22;
+    static __device__ __forceinline__ float get(const void * p, int j) {
+        const ggx_u8 * b = (const ggx_u8 *) p;
+        const int h = (b[2 + (j >> 3)] >> (j & 7)) & 1;
+        return __fmul_rn(ggx_f16_at(b), (float) ((ggx_nibble(b + 6, j) | (h << 4)) - 16));
+    }
+    // max = the value of largest magnitude (the first), d = max / -16, q = MIN(31, (int8_t)(x / d + 16.5))
+    static __device__ __forceinline__ void quantize(const float * x, char * out) {
+        float amax = 0.0f;
+        float vmax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const float v = x[j];
+            if (amax < fabsf(v)) {
+                amax = fabsf(v);
+                vmax = v;
+            }
+        }
+        const float d = __fdiv_rn(vmax, -16.0f);
+        const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+        *(unsigned short *) out = ggx_f32_to_f16(d);
+        unsigned int qh = 0;
+        for (int j = 0; j < 16; j++) {
+            const int q0 = ggx_q5(x[j], id);
+            const int q1 = ggx_q5(x[j + 16], id);
+            out[6 + j] = (char) (unsigned char) ((q0 & 0xF) | ((q1 & 0xF) << 4));
+            qh |= ((unsigned int) (q0 >> 4) << j) | ((unsigned int) (q1 >> 4) << (j + 16));
+        }
+        for (int k = 0; k < 4; k++) {
+            out[2 + k] = (char) (unsigned char) (qh >> (8 * k));
+        }
+    }
+};
+
 // Q8_0: f16 d, 32 x i8; value = q * d
 struct ggx_q8_0 {
     static constexpr int qk = 32;

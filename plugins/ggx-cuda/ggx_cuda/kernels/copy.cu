@@ -4,7 +4,7 @@
 //   cpy_raw<U>          same-type copy of whole blocks (an element type is a block of one),
 //                       moved as units U of 1, 2, 4 or 8 bytes: bit-exact for every type
 //   cpy_convert<S, D>   F32 / F16 / BF16 to F32 / F16 / BF16, one thread per element
-//   cpy_to_q<S, Q>      F32 / F16 / BF16 to Q8_0 / Q4_0 / Q4_1 (contiguous destination), one
+//   cpy_to_q<S, Q>      F32 / F16 / BF16 to Q8_0 / Q4_0 / Q4_1 / Q5_0 (contiguous destination), one
 //                       thread per block, exactly as ggml's quantize_row_*_ref
 //
 // Rounding is ggml's (and the reference's, core/ggx/quants.py): F16 round-to-nearest-even with NaN
@@ -21,6 +21,7 @@ struct cpy_bf16 : ggx_bf16 {};
 struct cpy_q8_0 : ggx_q8_0 {};
 struct cpy_q4_0 : ggx_q4_0 {};
 struct cpy_q4_1 : ggx_q4_1 {};
+struct cpy_q5_0 : ggx_q5_0 {};
 
 // ---------------------------------------------------------------- kernels
 // n units of U bytes, upb units per block; sizes count blocks in dim 0, strides are bytes

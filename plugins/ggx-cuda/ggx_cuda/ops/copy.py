@@ -7,7 +7,7 @@ shapes and strides. Three kinds of launch:
   of 8, 4, 2 or 1 bytes (the widest unit that divides the block size, every stride and both
   addresses); both sides contiguous collapse to one flat run;
 - F32 / F16 / BF16 to F32 / F16 / BF16: `cpy_convert`, one thread per element, ggml's rounding;
-- F32 / F16 / BF16 to Q8_0 / Q4_0 / Q4_1 (contiguous destination, as ggml_cpy requires):
+- F32 / F16 / BF16 to Q8_0 / Q4_0 / Q4_1 / Q5_0 (contiguous destination, as ggml_cpy requires):
   `cpy_to_q`, one thread per block, ggml's reference quantizers bit for bit.
 
 Declined: other conversions (to Q4_K / Q6_K, whose scale search is not ported; to Q8_1 / Q8_K;
@@ -28,7 +28,7 @@ from . import PlanContext, flat_launch, i64, register
 SOURCE = "copy.cu"
 
 FLOAT = {GType.F32: "cpy_f32", GType.F16: "cpy_f16", GType.BF16: "cpy_bf16"}
-QUANT = {GType.Q8_0: "cpy_q8_0", GType.Q4_0: "cpy_q4_0", GType.Q4_1: "cpy_q4_1"}
+QUANT = {GType.Q8_0: "cpy_q8_0", GType.Q4_0: "cpy_q4_0", GType.Q4_1: "cpy_q4_1", GType.Q5_0: "cpy_q5_0"}
 UNITS = {8: "unsigned long long", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
 
 NAMES = ([f"cpy_raw<{u}>" for u in UNITS.values()]

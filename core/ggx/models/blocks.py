@@ -1,0 +1,215 @@
+"""The blocks architectures build their graphs from (llama.cpp's llm_graph_context helpers).
+
+Shapes (ggml order, T = tokens in the batch, KV = cache slots visible to it, D = head size):
+  tokens I32 [T] -> `embed`: get_rows(token_embd) (times hp.embd_scale) -> x F32 [n_embd, T]
+  `self_attention`: q/k/v = mul_mat(W, x); q, k reshaped [D, heads, T], optionally RMS-normed per
+  head (Q/K norms), roped (the layer's base); k and v written into the layer's F16 cache rows with
+  set_rows; attention over cache views [D, KV, n_head_kv] under the layer's mask (flash_attn_ext
+  with GQA, or mul_mat + soft_max + mul_mat); attn_output -> [n_embd, T]
+  `gated_ffn`: down(act(gate(x)) * up(x)) with the activation a parameter (SwiGLU, GeGLU);
+  `moe_ffn`: top-k routed experts through mul_mat_id
+  `logits`: rms_norm * output_norm, mul_mat(output or token_embd) [n_vocab, n_out]
+
+Every per-call value (token ids, positions, cache slots, the masks, which rows to output) is an
+input tensor's *data*, never a shape: two batches of the same `BatchShape` give the same graph
+key, so the scheduler reuses its plan (the decode loop).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import Context
+from ..ops import GluKind, Prec
+from ..tensor import Tensor, TensorFlag
+from ..types import GType
+from .hparams import HParams
+from .kv_cache import CacheBatch, KVCache
+
+F32_SIZE = 4
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What a batch's graph depends on: everything else is input data."""
+
+    n_tokens: int
+    n_kv: int  # visible slots of the full-context layers
+    n_out: int  # rows that get logits: n_tokens, or 1 (the last)
+    n_kv_swa: int = 0  # visible slots of the sliding-window layers (0: none)
+
+
+@dataclass
+class ModelInputs:
+    """The input leaves of one batch's graph; their data is set before each compute (`data`)."""
+
+    tokens: Tensor  # I32 [T]
+    pos: Tensor  # I32 [T]
+    kv_idx: Tensor  # I64 [T]: cache slot of each token, full-context layers
+    mask: Tensor  # F16 [KV, T]: 0 where token t may see slot j, -inf elsewhere
+    out_ids: Tensor | None  # I32 [n_out]: which rows of the batch get logits (None: all)
+    kv_idx_swa: Tensor | None = None  # the same for the sliding-window layers
+    mask_swa: Tensor | None = None
+
+    def all(self) -> list[Tensor]:
+        return [t for t in (self.tokens, self.pos, self.kv_idx, self.mask, self.out_ids, self.kv_idx_swa,
+                            self.mask_swa) if t is not None]
+
+    def data(self, tokens: np.ndarray, batch: CacheBatch) -> dict[Tensor, np.ndarray]:
+        """Each input's data for `tokens` planned as `batch` (the F16 masks as their raw bytes:
+        no round trip through float32 and back)."""
+        data: dict[Tensor, np.ndarray] = {self.tokens: tokens.astype(np.int32), self.pos: batch.pos,
+                                          self.kv_idx: batch.full.kv_idx, self.mask: batch.full.mask.view(np.uint8)}
+        if self.out_ids is not None:
+            data[self.out_ids] = np.array([batch.n_tokens - 1], dtype=np.int32)
+        if self.kv_idx_swa is not None:
+            data[self.kv_idx_swa] = batch.swa.kv_idx
+            data[self.mask_swa] = batch.swa.mask.view(np.uint8)
+        return data
+
+
+def build_inputs(ctx: Context, shape: BatchShape) -> ModelInputs:
+    t, out = shape.n_tokens, shape.n_out
+    inp = ModelInputs(
+        tokens=ctx.tensor(GType.I32, [t], "inp_tokens"),
+        pos=ctx.tensor(GType.I32, [t], "inp_pos"),
+        kv_idx=ctx.tensor(GType.I64, [t], "inp_kv_idx"),
+        mask=ctx.tensor(GType.F16, [shape.n_kv, t], "inp_kq_mask"),
+        out_ids=ctx.tensor(GType.I32, [out], "inp_out_ids") if out != t else None)
+    if shape.n_kv_swa:
+        inp.kv_idx_swa = ctx.tensor(GType.I64, [t], "inp_kv_idx_swa")
+        inp.mask_swa = ctx.tensor(GType.F16, [shape.n_kv_swa, t], "inp_kq_mask_swa")
+    for x in inp.all():
+        x.set_flag(TensorFlag.INPUT)
+    return inp
+
+
+def embed(ctx: Context, hp: HParams, w: dict[str, Tensor], inp: ModelInputs) -> Tensor:
+    x = ctx.get_rows(w["token_embd.weight"], inp.tokens)
+    return ctx.scale(x, hp.embd_scale) if hp.embd_scale != 1.0 else x
+
+
+def norm(ctx: Context, hp: HParams, x: Tensor, weight: Tensor) -> Tensor:
+    return ctx.mul(ctx.rms_norm(x, hp.rms_eps), weight)
+
+
+def output_rows(ctx: Context, inp: ModelInputs, *xs: Tensor) -> list[Tensor]:
+    """Only the rows that get logits, as llama.cpp does before the last layer's remaining work."""
+    return list(xs) if inp.out_ids is None else [ctx.get_rows(x, inp.out_ids) for x in xs]
+
+
+def logits(ctx: Context, hp: HParams, w: dict[str, Tensor], x: Tensor) -> Tensor:
+    # when tied, output.weight is token_embd or its copy placed for mul_mat (load_weights)
+    out = ctx.mul_mat(w["output.weight"], norm(ctx, hp, x, w["output_norm.weight"]))
+    out.name = "result_output"
+    return out
+
+
+def self_attention(ctx: Context, hp: HParams, w: dict[str, Tensor], il: int, cur: Tensor, inp: ModelInputs,
+                   cache: KVCache, shape: BatchShape, flash_attn: bool) -> Tensor:
+    """Layer il's attention of `cur` [n_embd, T], through its cache, projected back: [n_embd, T].
+
+    Q/K norms apply when the file has blk.{il}.attn_q_norm / attn_k_norm (Gemma, Qwen 3).
+    """
+    b = f"blk.{il}."
+    q, k, v = _qkv_roped(ctx, hp, w, il, cur, inp.pos, shape.n_tokens)
+    if hp.q_scale is not None:
+        q = ctx.scale(q, hp.q_scale)
+    swa = hp.is_swa(il) and inp.mask_swa is not None
+    kv_idx, mask, n_kv = (inp.kv_idx_swa, inp.mask_swa, shape.n_kv_swa) if swa else (inp.kv_idx, inp.mask, shape.n_kv)
+    k_written = ctx.set_rows(cache.k[il], ctx.view(k, [hp.n_embd_kv, shape.n_tokens], [k.nb[2]]), kv_idx)
+    v_written = ctx.set_rows(cache.v[il], v, kv_idx)
+    scale = 1.0 if hp.q_scale is not None else 1.0 / math.sqrt(hp.head_dim)
+    attn = _attend(ctx, hp, q, k_written, v_written, mask, shape.n_tokens, n_kv, scale, flash_attn)
+    return ctx.mul_mat(w[b + "attn_output.weight"], attn)
+
+
+def _qkv_roped(ctx: Context, hp: HParams, w: dict[str, Tensor], il: int, cur: Tensor, pos: Tensor,
+               n_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Roped q [D, n_head, T] and k [D, n_head_kv, T] (rows contiguous, maybe strided), v [n_embd_kv, T].
+
+    With the fused weight (rows q | k | v) one product gives all three as views of its result;
+    without Q/K norms q and k are adjacent heads of it, so one rope over [D, n_head + n_head_kv, T]
+    rotates both.
+    """
+    D, b = hp.head_dim, f"blk.{il}."
+    qkv_w = w.get(b + "attn_qkv.weight")
+    qk_norm = b + "attn_q_norm.weight" in w
+    if qkv_w is None:
+        q = ctx.reshape(ctx.mul_mat(w[b + "attn_q.weight"], cur), [D, hp.n_head, n_tokens])
+        k = ctx.reshape(ctx.mul_mat(w[b + "attn_k.weight"], cur), [D, hp.n_head_kv, n_tokens])
+        v = ctx.mul_mat(w[b + "attn_v.weight"], cur)
+    else:
+        qkv = ctx.mul_mat(qkv_w, cur)  # [n_embd_q + 2 n_embd_kv, T]
+        v = ctx.view(qkv, [hp.n_embd_kv, n_tokens], [qkv.nb[1]], (hp.n_embd_q + hp.n_embd_kv) * F32_SIZE)
+        if not qk_norm:
+            qk = _rope(ctx, hp, il, ctx.view(qkv, [D, hp.n_head + hp.n_head_kv, n_tokens], [D * F32_SIZE, qkv.nb[1]]),
+                       pos)
+            q = ctx.view(qk, [D, hp.n_head, n_tokens], [D * F32_SIZE, qk.nb[2]], 0)
+            k = ctx.view(qk, [D, hp.n_head_kv, n_tokens], [D * F32_SIZE, qk.nb[2]], hp.n_embd_q * F32_SIZE)
+            return q, k, v
+        q = ctx.view(qkv, [D, hp.n_head, n_tokens], [D * F32_SIZE, qkv.nb[1]], 0)
+        k = ctx.view(qkv, [D, hp.n_head_kv, n_tokens], [D * F32_SIZE, qkv.nb[1]], hp.n_embd_q * F32_SIZE)
+    if qk_norm:  # per head: rms_norm normalizes each row of D values
+        q = norm(ctx, hp, q, w[b + "attn_q_norm.weight"])
+        k = norm(ctx, hp, k, w[b + "attn_k_norm.weight"])
+    return _rope(ctx, hp, il, q, pos), _rope(ctx, hp, il, k, pos), v
+
+
+def _rope(ctx: Context, hp: HParams, il: int, t: Tensor, pos: Tensor) -> Tensor:
+    return ctx.rope(t, pos, hp.n_rot, hp.rope_mode, freq_base=hp.rope_base(il), n_ctx_orig=hp.n_ctx_train)
+
+
+def _attend(ctx: Context, hp: HParams, q: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor,
+            n_tokens: int, n_kv: int, scale: float, flash_attn: bool) -> Tensor:
+    """Attention of q [D, n_head, T] over cache rows 0..n_kv; returns [n_embd_q, T]."""
+    D, row = hp.head_dim, k_cache.nb[1]
+    # the cache row of one slot holds n_head_kv heads of D values: view it as [D, KV, n_head_kv]
+    k = ctx.view(k_cache, [D, n_kv, hp.n_head_kv], [row, D * k_cache.type.type_size])
+    v = ctx.view(v_cache, [D, n_kv, hp.n_head_kv], [row, D * v_cache.type.type_size])
+    q = ctx.permute(q, 0, 2, 1, 3)  # [D, T, n_head]
+    if flash_attn:
+        # F32 accumulation, as llama.cpp asks for every model (backends may honour it or not)
+        out = ctx.flash_attn_ext(q, k, v, mask, scale, prec=Prec.F32)  # [D, n_head, T]
+        return ctx.reshape(out, [hp.n_embd_q, n_tokens])
+    kq = ctx.soft_max(ctx.mul_mat(k, q), mask, scale)  # [KV, T, n_head]
+    v_t = ctx.cont(ctx.transpose(v))  # [KV, D, n_head_kv]: rows over slots for the second product
+    kqv = ctx.mul_mat(v_t, kq)  # [D, T, n_head]
+    return ctx.cont(ctx.permute(kqv, 0, 2, 1, 3), [hp.n_embd_q, n_tokens])
+
+
+def gated_ffn(ctx: Context, w: dict[str, Tensor], b: str, cur: Tensor, act: GluKind) -> Tensor:
+    """down(act(gate(cur)) * up(cur)); the fused weight (rows gate | up) needs one product."""
+    gate_up = w.get(b + "ffn_gate_up.weight")
+    if gate_up is not None:  # the gated unit over the halves of each column
+        return ctx.mul_mat(w[b + "ffn_down.weight"], ctx.glu(ctx.mul_mat(gate_up, cur), kind=act))
+    gate = ctx.mul_mat(w[b + "ffn_gate.weight"], cur)
+    up = ctx.mul_mat(w[b + "ffn_up.weight"], cur)
+    return ctx.mul_mat(w[b + "ffn_down.weight"], ctx.glu(gate, up, kind=act))
+
+
+def moe_ffn(ctx: Context, hp: HParams, w: dict[str, Tensor], b: str, cur: Tensor) -> Tensor:
+    """Mixtral-style experts: softmax over the top-k router logits weighs the k chosen experts.
+
+    softmax over all experts restricted to the top k and renormalized equals a softmax over the
+    top-k logits alone, which needs no division op.
+    """
+    k, n_exp, n_tokens = hp.n_expert_used, hp.n_expert, cur.ne[1]
+    router = ctx.mul_mat(w[b + "ffn_gate_inp.weight"], cur)  # [n_expert, T]
+    chosen = ctx.argsort_top_k(router, k)  # I32 [k, T]
+    picked = ctx.get_rows(ctx.reshape(router, [1, n_exp, n_tokens]), chosen)  # [1, k, T]
+    weights = ctx.reshape(ctx.soft_max(ctx.reshape(picked, [k, n_tokens])), [1, k, n_tokens])
+    x3 = ctx.reshape(cur, [hp.n_embd, 1, n_tokens])
+    gate = ctx.mul_mat_id(w[b + "ffn_gate_exps.weight"], x3, chosen)  # [n_ff, k, T]
+    up = ctx.mul_mat_id(w[b + "ffn_up_exps.weight"], x3, chosen)
+    experts = ctx.mul_mat_id(w[b + "ffn_down_exps.weight"], ctx.swiglu(gate, up), chosen)  # [n_embd, k, T]
+    experts = ctx.mul(experts, weights)
+    out = None
+    for i in range(k):  # sum over the k slots: strided views [n_embd, T], one add each (as llama.cpp)
+        part = ctx.view(experts, [hp.n_embd, n_tokens], [experts.nb[2]], i * experts.nb[1])
+        out = part if out is None else ctx.add(out, part)
+    if k == 1:
+        out = ctx.cont(out)
+    return out
