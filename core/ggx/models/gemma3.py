@@ -22,7 +22,7 @@ from . import blocks
 from .architectures import Architecture
 from .blocks import BatchShape, ModelInputs
 from .gguf_file import GGUFFile
-from .hparams import HParams, MetadataReader
+from .hparams import HParams, MetadataReader, common_tensors
 from .kv_cache import KVCache
 
 SWA_PATTERN = 6  # llama.cpp's load_swa_pattern(ml, 6): every sixth layer is global
@@ -61,16 +61,12 @@ def read_hparams(f: GGUFFile) -> HParams:
 
 
 def expected_tensors(hp: HParams) -> dict[str, tuple[int, ...]]:
-    e, q, kv, ff, d = hp.n_embd, hp.n_embd_q, hp.n_embd_kv, hp.n_ff, hp.head_dim
-    want: dict[str, tuple[int, ...]] = {"token_embd.weight": (e, hp.n_vocab), "output_norm.weight": (e,)}
-    if not hp.tied_output:
-        want["output.weight"] = (e, hp.n_vocab)
+    e, ff, d = hp.n_embd, hp.n_ff, hp.head_dim
+    want = common_tensors(hp)
     for i in range(hp.n_layer):
         b = f"blk.{i}."
         want.update({
-            b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv),
-            b + "attn_v.weight": (e, kv), b + "attn_q_norm.weight": (d,), b + "attn_k_norm.weight": (d,),
-            b + "attn_output.weight": (q, e), b + "post_attention_norm.weight": (e,), b + "ffn_norm.weight": (e,),
+            b + "attn_q_norm.weight": (d,), b + "attn_k_norm.weight": (d,), b + "post_attention_norm.weight": (e,),
             b + "ffn_gate.weight": (e, ff), b + "ffn_up.weight": (e, ff), b + "ffn_down.weight": (ff, e),
             b + "post_ffw_norm.weight": (e,)})
     return want

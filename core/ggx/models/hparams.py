@@ -124,6 +124,20 @@ class MetadataReader:
             n_ctx_train=u("context_length", 2048, least=1), tied_output="output.weight" not in f.tensors)
 
 
+def common_tensors(hp: HParams) -> dict[str, tuple[int, ...]]:
+    """The tensors every architecture here reads, with their ggml-order ne: the embedding, the
+    output norm and matrix (unless tied), and each layer's attention projections and pre-norms."""
+    e, q, kv = hp.n_embd, hp.n_embd_q, hp.n_embd_kv
+    want: dict[str, tuple[int, ...]] = {"token_embd.weight": (e, hp.n_vocab), "output_norm.weight": (e,)}
+    if not hp.tied_output:
+        want["output.weight"] = (e, hp.n_vocab)
+    for i in range(hp.n_layer):
+        b = f"blk.{i}."
+        want.update({b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv),
+                     b + "attn_v.weight": (e, kv), b + "attn_output.weight": (q, e), b + "ffn_norm.weight": (e,)})
+    return want
+
+
 def check_tensors(f: GGUFFile, expected: dict[str, tuple[int, ...]]) -> None:
     """Every expected tensor is present with the shape the metadata implies; norms and routers are F32."""
     for name, ne in expected.items():

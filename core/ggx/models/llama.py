@@ -15,7 +15,7 @@ from . import blocks
 from .architectures import Architecture
 from .blocks import BatchShape, ModelInputs
 from .gguf_file import GGUFFile
-from .hparams import HParams, MetadataReader
+from .hparams import HParams, MetadataReader, common_tensors
 from .kv_cache import KVCache
 
 
@@ -30,14 +30,10 @@ def read_hparams(f: GGUFFile) -> HParams:
 
 
 def expected_tensors(hp: HParams) -> dict[str, tuple[int, ...]]:
-    e, q, kv, ff = hp.n_embd, hp.n_embd_q, hp.n_embd_kv, hp.n_ff
-    want: dict[str, tuple[int, ...]] = {"token_embd.weight": (e, hp.n_vocab), "output_norm.weight": (e,)}
-    if not hp.tied_output:
-        want["output.weight"] = (e, hp.n_vocab)
+    e, ff = hp.n_embd, hp.n_ff
+    want = common_tensors(hp)
     for i in range(hp.n_layer):
         b = f"blk.{i}."
-        want.update({b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv),
-                     b + "attn_v.weight": (e, kv), b + "attn_output.weight": (q, e), b + "ffn_norm.weight": (e,)})
         if hp.n_expert:
             x = hp.n_expert
             want.update({b + "ffn_gate_inp.weight": (e, x), b + "ffn_gate_exps.weight": (e, ff, x),
