@@ -24,7 +24,7 @@ _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 # Q4_K/Q6_K also round their scales.
 MAX_REL_ERROR = {
     GType.Q4_0: 0.13, GType.Q5_0: 0.065, GType.Q4_1: 0.07, GType.Q8_0: 0.005, GType.Q8_1: 0.005,
-    GType.Q8_K: 0.0041, GType.Q6_K: 0.03, GType.Q4_K: 0.15,
+    GType.Q8_K: 0.0041, GType.Q6_K: 0.03, GType.Q4_K: 0.15, GType.Q5_K: 0.08,
 }
 QUANTIZED = list(MAX_REL_ERROR)
 
@@ -107,6 +107,15 @@ REFERENCE_DIGESTS = {
     ("Q6_K", "halves"): "2aa19bbca4c3fa0e68e088f64e7bb4a1",
     ("Q6_K", "positive"): "63bfbc63cab49afcab6b1d085ae48369",
     ("Q6_K", "specials"): "1dea946486ef0e379be62a5ae343ece0",
+    # quantize_row_q5_K_ref of ggml-quants.c (ggml-org/ggml d99724f2, with make_qkx2_quants,
+    # nearest_int, get_scale_min_k4 and ggml's portable GGML_FP32_TO_FP16), compiled alone (gcc 12
+    # -O2, x86-64); the same harness reproduces the Q4_K digests above. gguf only dequantizes Q5_K.
+    ("Q5_K", "uniform"): "9eb686dea413a5a6c8018b0c3c311349",
+    ("Q5_K", "cubed"): "ee646dc993dfa27cbdbdb9595b610636",
+    ("Q5_K", "sparse"): "139f4cbdf2e56844fd980d5004fcc48a",
+    ("Q5_K", "halves"): "0a96198d15af0b99fb3d3b709cdb05d1",
+    ("Q5_K", "positive"): "2556097bcd4bcb3e135b9dfcb2b74553",
+    ("Q5_K", "specials"): "a48df41cddb72bceefdd415540037225",
     # ggml has no golden Q5_0 data here: quantize_row_q5_0_ref of ggml-quants.c with ggml's portable
     # GGML_FP32_TO_FP16, compiled alone (gcc 12 -O2, x86-64); gguf's quantizer gives the same bytes
     ("Q5_0", "uniform"): "7a941354dd242f5baf17f72054ecadda",

@@ -32,8 +32,8 @@ def test_block_dtype_holds_block_size_values(t):
 def test_vec_dot_types_are_ggmls():
     expect = {
         GType.Q4_0: GType.Q8_0, GType.Q5_0: GType.Q8_0, GType.Q8_0: GType.Q8_0, GType.Q4_1: GType.Q8_1,
-        GType.Q4_K: GType.Q8_K, GType.Q6_K: GType.Q8_K, GType.F16: GType.F16, GType.BF16: GType.BF16,
-        GType.F32: GType.F32, GType.I32: None,
+        GType.Q4_K: GType.Q8_K, GType.Q5_K: GType.Q8_K, GType.Q6_K: GType.Q8_K, GType.F16: GType.F16,
+        GType.BF16: GType.BF16, GType.F32: GType.F32, GType.I32: None,
     }
     for t, v in expect.items():
         assert t.vec_dot_type is v, t

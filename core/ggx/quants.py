@@ -7,12 +7,13 @@ Layouts (one block, little-endian, see GType.block_dtype):
   Q8_0  f16 d, 32 x i8                            value = q * d
   Q8_1  f16 d, f16 s = d * sum(q), 32 x i8        value = q * d
   Q4_K  256 values: f16 d, f16 dmin, 12 B of 6-bit scales/mins, 128 B nibbles
+  Q5_K  256 values: Q4_K's header, 32 B qh (bit s of qh[l]: 5th bit of value l of sub-block s), 128 B nibbles
   Q6_K  256 values: 128 B low nibbles, 64 B high 2-bit pairs, 16 x i8 scales, f16 d
   Q8_K  256 values: f32 d, 256 x i8, 16 x i16 bsums (sums of 16-value groups)
 
 Rows run along the last numpy axis (ggml's ne[0]). Where the `gguf` package implements a type
-it is the reference and is used directly (Q4_0, Q4_1, Q5_0, Q8_0, BF16 both ways; Q4_K, Q6_K
-dequantize). The rest mirrors ggml's reference C code (`quantize_row_*_ref` in ggml-quants.c)
+it is the reference and is used directly (Q4_0, Q4_1, Q5_0, Q8_0, BF16 both ways; Q4_K, Q5_K,
+Q6_K dequantize). The rest mirrors ggml's reference C code (`quantize_row_*_ref` in ggml-quants.c)
 in numpy, in float32, one C operation per numpy operation, and with sums accumulated
 sequentially in C's order, so that every byte matches what ggml writes.
 """
@@ -42,6 +43,7 @@ _GGUF_QUANTIZE = {
 _GGUF_DEQUANTIZE = {
     **_GGUF_QUANTIZE,
     GType.Q4_K: GGMLQuantizationType.Q4_K,
+    GType.Q5_K: GGMLQuantizationType.Q5_K,
     GType.Q6_K: GGMLQuantizationType.Q6_K,
 }
 # Blocks quantized per numpy pass by the K-quant code: bounds its temporaries (~50 MB).
@@ -257,13 +259,16 @@ def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdel
     return L.astype(np.uint8), np.where(flat, _f32(0), scale), -vmin
 
 
-def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q4_K_ref: 8 sub-blocks of 32, each with a 6-bit scale and min."""
+def _k_scales_mins(x: np.ndarray, nmax: int, rmin: float, rdelta: float,
+                   nstep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The common part of quantize_row_q4_K_ref / quantize_row_q5_K_ref: 8 sub-blocks of 32, each
+    fitted with make_qkx2_quants (levels 0..nmax), their scales and mins as 6-bit values under an
+    f16 super-block d / dmin. Returns (d16, dmin16, packed 12 scale bytes, levels [nb, 8, 32])."""
     nb = x.shape[0]
     xs = x.reshape(nb * 8, 32)
     av_x = np.sqrt(_seq_sum(xs * xs) / _f32(32))
     weights = av_x[:, None] + np.abs(xs)
-    L, scales, mins = _make_qkx2_quants(xs, weights, nmax=15, rmin=-1.0, rdelta=0.1, nstep=20)
+    L, scales, mins = _make_qkx2_quants(xs, weights, nmax=nmax, rmin=rmin, rdelta=rdelta, nstep=nstep)
     scales = scales.reshape(nb, 8)
     mins = mins.reshape(nb, 8)
 
@@ -287,15 +292,39 @@ def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
     dm = dmin16.astype(_f32)[:, None] * lm.astype(_f32)
     xb = x.reshape(nb, 8, 32)
     safe_d = np.where(d != 0, d, _f32(1))
-    lq = np.clip(nearest_int((xb + dm[:, :, None]) / safe_d[:, :, None]), 0, 15).astype(np.uint8)
+    lq = np.clip(nearest_int((xb + dm[:, :, None]) / safe_d[:, :, None]), 0, nmax).astype(np.uint8)
     L = np.where((d != 0)[:, :, None], lq, L.reshape(nb, 8, 32))
+    return d16, dmin16, packed, L
 
+
+def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q4_K_ref: 8 sub-blocks of 32, each with a 6-bit scale and min."""
+    nb = x.shape[0]
+    d16, dmin16, packed, L = _k_scales_mins(x, nmax=15, rmin=-1.0, rdelta=0.1, nstep=20)
     L = L.reshape(nb, 4, 2, 32)  # 64-value groups: the first 32 in low nibbles, next 32 high
     out = np.empty(nb, dtype=GType.Q4_K.block_dtype)
     out["d"] = d16
     out["dmin"] = dmin16
     out["scales"] = packed
     out["qs"] = (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(nb, 128)
+    return out
+
+
+# ---------------------------------------------------------------- Q5_K
+
+def _quantize_q5_k(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q5_K_ref: Q4_K's scales and mins with 5-bit levels (0..31); the low nibbles
+    packed as Q4_K's, the fifth bit of value l of sub-block s in bit s of qh[l]."""
+    nb = x.shape[0]
+    d16, dmin16, packed, L = _k_scales_mins(x, nmax=31, rmin=-0.5, rdelta=0.1, nstep=15)
+    lo = (L & 0xF).reshape(nb, 4, 2, 32)
+    hi = (L >> 4).astype(np.uint8)  # [nb, 8, 32]
+    out = np.empty(nb, dtype=GType.Q5_K.block_dtype)
+    out["d"] = d16
+    out["dmin"] = dmin16
+    out["scales"] = packed
+    out["qh"] = np.bitwise_or.reduce(hi << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
+    out["qs"] = (lo[:, :, 0] | (lo[:, :, 1] << 4)).reshape(nb, 128)
     return out
 
 
@@ -374,5 +403,6 @@ _QUANTIZERS = {
     GType.Q8_1: _quantize_q8_1,
     GType.Q8_K: _quantize_q8_k,
     GType.Q4_K: _quantize_q4_k,
+    GType.Q5_K: _quantize_q5_k,
     GType.Q6_K: _quantize_q6_k,
 }

@@ -34,6 +34,10 @@ _TRAITS: dict[str, TypeTraits] = {
     "Q4_K": TypeTraits(
         256, 144,
         np.dtype([("d", _f16), ("dmin", _f16), ("scales", "u1", 12), ("qs", "u1", 128)]), 12, "Q8_K"),
+    "Q5_K": TypeTraits(
+        256, 176,
+        np.dtype([("d", _f16), ("dmin", _f16), ("scales", "u1", 12), ("qh", "u1", 32), ("qs", "u1", 128)]),
+        13, "Q8_K"),
     "Q6_K": TypeTraits(
         256, 210,
         np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", _f16)]), 14, "Q8_K"),
@@ -56,6 +60,7 @@ class GType(enum.Enum):
     Q8_0 = "Q8_0"
     Q8_1 = "Q8_1"
     Q4_K = "Q4_K"
+    Q5_K = "Q5_K"
     Q6_K = "Q6_K"
     Q8_K = "Q8_K"
 

@@ -38,9 +38,9 @@ def test_cases_cover_the_shapes_the_issue_asks_for():
     assert "view=permuted" in names and "view=transposed" in names and "bs=[2,3]" in names
     mm_types = {c.types[0] for c in select(op_cases(), ["MUL_MAT"])}
     assert mm_types == {GType.F32, GType.F16, GType.BF16, GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0, GType.Q4_K,
-                        GType.Q6_K}
+                        GType.Q5_K, GType.Q6_K}
     refused = [c for c in op_cases() if c.expect_error is not None]
-    assert {c.types[0] for c in refused} >= {GType.Q4_0, GType.Q5_0, GType.Q4_K, GType.Q6_K}
+    assert {c.types[0] for c in refused} >= {GType.Q4_0, GType.Q5_0, GType.Q4_K, GType.Q5_K, GType.Q6_K}
     # Q5_0 is in every family Q4_0 is in (ggml's test-backend-ops lists them together)
     for op in ("GET_ROWS", "SET_ROWS", "CPY", "MUL_MAT", "MUL_MAT_ID"):
         assert len(select(op_cases(), [op], ["q5_0"])) > 0, op

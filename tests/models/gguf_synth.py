@@ -7,6 +7,8 @@ import gguf
 import numpy as np
 
 from ggx.models.tokenizer import _byte_decoder
+from ggx.quants import quantize
+from ggx.types import GType
 
 # a byte-level BPE vocabulary: the 256 byte stand-ins, a few merges, two special tokens
 _MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "a t", "e n"]
@@ -63,6 +65,8 @@ class _Writer:
             self.w.add_tensor(name, values)
         elif kind == gguf.GGMLQuantizationType.F16:
             self.w.add_tensor(name, values.astype(np.float16))
+        elif kind == gguf.GGMLQuantizationType.Q5_K:  # gguf only dequantizes Q5_K: ggx's own quantizer
+            self.w.add_tensor(name, quantize(values, GType.Q5_K), raw_dtype=kind)
         else:
             self.w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
 

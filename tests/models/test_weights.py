@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from ggx import registry
+from ggx.errors import GGXUnsupported
 from ggx.models import load_model
 from ggx.scaffold import write_plugin
 
@@ -70,3 +71,15 @@ def test_placement_report_lists_every_candidate(tiny_llama):
     assert sum(u.n_tensors for u in report.used) == len({id(t) for t in m.weights.values()})
     assert sum(u.nbytes for u in report.used) == sum({id(t): t.nbytes for t in m.weights.values()}.values())
     assert all(u.skipped for u in report.skipped) and "ref" in str(report)
+
+
+def test_weights_of_a_type_no_device_computes_are_refused_by_name(tmp_path):
+    """ggx-cpu does not compute Q5_K: placing the weights names the first one no buffer type takes;
+    the reference backend computes the same file."""
+    from gguf_synth import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "q5_k.gguf", n_embd=256, n_head=4, n_head_kv=2, n_ff=256, wtype="Q5_K")
+    with pytest.raises(GGXUnsupported, match=r"Q5_K\[256, 256, 1, 1\]: no buffer type supports MUL_MAT"):
+        load_model(str(path), devices=["CPU"], n_ctx=64)
+    logits = load_model(str(path), devices=["ref"], n_ctx=64).forward([1, 2, 3])
+    assert logits.shape[-1] > 256 and bool((logits == logits).all())

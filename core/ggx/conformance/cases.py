@@ -20,10 +20,10 @@ from .case import COPY, Builder, OpCase, Tolerance, tolerance
 
 F32, F16, BF16, I32, I64 = GType.F32, GType.F16, GType.BF16, GType.I32, GType.I64
 Q4_0, Q4_1, Q5_0, Q8_0 = GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0
-Q4_K, Q6_K = GType.Q4_K, GType.Q6_K
+Q4_K, Q5_K, Q6_K = GType.Q4_K, GType.Q5_K, GType.Q6_K
 
 FLOAT_TYPES = (F32, F16, BF16)
-QUANT_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)
+QUANT_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)
 WEIGHT_TYPES = FLOAT_TYPES + QUANT_TYPES
 
 
@@ -304,7 +304,7 @@ def mul_mat_cases() -> Iterator[OpCase]:
     for t in (F32, F16, Q8_0):
         yield mm(t, 1, 1, 32 if t.block_size > 1 else 1)
     # Large K-quant rows (and their neighbours): long dot products, several super-blocks per row.
-    for t in (F16, Q4_0, Q5_0, Q4_K, Q6_K):
+    for t in (F16, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K):
         yield mm(t, 64, 4, 4096)
     # Gemma 3 270M's Q5_0 weights have rows of K = 640 (20 blocks), e.g. attn_k [640, 256]
     yield mm(Q5_0, 256, 3, 640)
