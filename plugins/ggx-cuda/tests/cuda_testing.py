@@ -433,7 +433,7 @@ def model_sort(launch: KernelLaunch, a: dict, ctx: StubCtx) -> None:
 # === kernel models: products and attention (dequant.cu, attention.cu, cuBLAS) =====================
 TRAIT_TYPES = {"mm_f32": GType.F32, "mm_f16": GType.F16, "mm_bf16": GType.BF16, "mm_q4_0": GType.Q4_0,
                "mm_q4_1": GType.Q4_1, "mm_q5_0": GType.Q5_0, "mm_q8_0": GType.Q8_0, "mm_q4_K": GType.Q4_K,
-               "mm_q6_K": GType.Q6_K}
+               "mm_q5_K": GType.Q5_K, "mm_q6_K": GType.Q6_K}
 CTYPES = {"float": np.float32, "__half": np.float16, "__nv_bfloat16": "bf16"}
 
 

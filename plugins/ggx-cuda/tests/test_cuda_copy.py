@@ -23,7 +23,7 @@ OPS = (Op.CPY, Op.DUP, Op.CONT)
 SOURCE = "copy.cu"
 #: conversions the backend declines: the K-quant scale search (make_qkx2_quants, make_qx_quants)
 #: is not ported to CUDA (ggml-cuda does not copy into K-quants either)
-DECLINED = {"CPY(src=f32,dst=q4_K,ne=[256,5,3])", "CPY(src=f32,dst=q6_K,ne=[256,5,3])"}
+DECLINED = {f"CPY(src=f32,dst={t},ne=[256,5,3])" for t in ("q4_K", "q5_K", "q6_K")}
 
 
 def test_registered():

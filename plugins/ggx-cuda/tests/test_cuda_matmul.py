@@ -81,7 +81,7 @@ def test_mul_mat_id_cases_on_models(case):
 
 #: byte offsets of the f16 scales in each block (random bytes there could be inf / NaN)
 _SCALES = {GType.Q4_0: (0,), GType.Q4_1: (0, 2), GType.Q5_0: (0,), GType.Q8_0: (0,), GType.Q4_K: (0, 2),
-           GType.Q6_K: (208,)}
+           GType.Q5_K: (0, 2), GType.Q6_K: (208,)}
 
 
 def _random_blocks(gtype, nvalues, rng):

@@ -24,7 +24,7 @@ SOURCE = "rows.cu"
 #: SET_ROWS into K-quants: their scale search (make_qkx2_quants, make_qx_quants) is not ported
 #: to CUDA (ggml-cuda's set_rows does not take them either)
 DECLINED = {f"SET_ROWS(type={t},idx=i64,n=256,dst_rows={d},src_rows={s},batch={b})"
-            for t in ("q4_K", "q6_K") for d, s, b in ((10, 4, 1), (6, 3, 2))}
+            for t in ("q4_K", "q5_K", "q6_K") for d, s, b in ((10, 4, 1), (6, 3, 2))}
 
 
 def test_registered():
@@ -123,7 +123,7 @@ def _random_blocks(rng: np.random.Generator, t: GType, nblocks: int) -> np.ndarr
     return raw
 
 
-@pytest.mark.parametrize("t", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K])
+@pytest.mark.parametrize("t", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, GType.Q5_K, Q6_K])
 def test_get_rows_random_blocks(t, host_cc):
     def build(b):
         k = 2 * t.block_size

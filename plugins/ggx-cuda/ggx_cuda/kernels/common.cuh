@@ -253,6 +253,26 @@ struct ggx_q4_K {
     }
 };
 
+// Q5_K: 256 values; f16 d, f16 dmin, Q4_K's 12 bytes of scales and mins, 32 bytes qh, 128 bytes of
+// nibbles (as Q4_K's). The fifth bit of value l of sub-block s (s = j / 32, l = j % 32) is bit s of
+// qh[l]; value = (d * sc) * q - dmin * m
+struct ggx_q5_K {
+    static constexpr int qk = 256;
+    static constexpr int ts = 176;
+    static __device__ __forceinline__ int q(const ggx_u8 * b, int j) {
+        const int lo = (b[48 + (j >> 6) * 32 + (j & 31)] >> (4 * ((j >> 5) & 1))) & 0xF;
+        return lo | (((b[16 + (j & 31)] >> (j >> 5)) & 1) << 4);
+    }
+    static __device__ __forceinline__ float get(const void * p, int j) {
+        const ggx_u8 * b = (const ggx_u8 *) p;
+        int sc, m;
+        ggx_q4_K::scale_min(b, j >> 5, sc, m);
+        const float d = __fmul_rn(ggx_f16_at(b), (float) sc);
+        const float dm = __fmul_rn(ggx_f16_at(b + 2), (float) m);
+        return __fsub_rn(__fmul_rn(d, (float) q(b, j)), dm);
+    }
+};
+
 // Q6_K: 256 values; 128 bytes of low nibbles ql, 64 bytes of 2-bit high parts qh, 16 x i8 scales
 // (one per 16 values), f16 d. Value j: half n = j / 128, quarter c = (j % 128) / 32, l = j % 32;
 // the low 4 bits from ql[64 n + l + 32 (c & 1)] (the high nibble for c >= 2), the high 2 bits

@@ -21,7 +21,7 @@
 
 // --- reading values ---------------------------------------------------------------------------
 // One traits struct per storage type: qk values in a block of ts bytes; get(block, j) is value j
-// of the block (0 <= j < qk) as float. The float types and Q4_0, Q5_0, Q8_0, Q6_K are common.cuh's;
+// of the block (0 <= j < qk) as float. The float types and Q4_0, Q5_0, Q8_0, Q5_K, Q6_K are common.cuh's;
 // Q4_1 and Q4_K compute q * d + m and d * q - m as written, which the compiler may contract into
 // a fused multiply-add (common.cuh's rounds each operation).
 template <typename E, int TS>
@@ -37,6 +37,7 @@ struct mm_bf16 : mm_elem<ggx_bf16, 2> {};
 struct mm_q4_0 : ggx_q4_0 {};
 struct mm_q5_0 : ggx_q5_0 {};
 struct mm_q8_0 : ggx_q8_0 {};
+struct mm_q5_K : ggx_q5_K {};
 struct mm_q6_K : ggx_q6_K {};
 
 struct mm_q4_1 : ggx_q4_1 {

@@ -1,7 +1,7 @@
 // Row gathers and scatters of ggx-cuda: GET_ROWS and SET_ROWS.
 //
 //   rows_get<S>        out[i0, i10, i11, i12] = a[i0, ids[i10, i11, i12], i11 % a.ne2, i12 % a.ne3]
-//                      with a's rows of type S (F32, F16, BF16, I32, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)
+//                      with a's rows of type S (F32, F16, BF16, I32, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)
 //                      dequantized to F32 (I32 stays I32), one thread per output element
 //   rows_set<I, D>     dst[i0, ids[i1, i2 % ids.ne1, i3 % ids.ne2], i2, i3] = src[i0, i1, i2, i3]
 //                      from F32 into D (F32, F16, BF16), ids of type I (int, long long)
@@ -48,6 +48,7 @@ struct rows_q4_0 : rows_block<ggx_q4_0> {};
 struct rows_q4_1 : rows_block<ggx_q4_1> {};
 struct rows_q5_0 : rows_block<ggx_q5_0> {};
 struct rows_q4_k : rows_block<ggx_q4_K> {};
+struct rows_q5_k : rows_block<ggx_q5_K> {};
 struct rows_q6_k : rows_block<ggx_q6_K> {};
 
 struct rows_i32 {

@@ -10,7 +10,7 @@ shapes and strides. Three kinds of launch:
 - F32 / F16 / BF16 to Q8_0 / Q4_0 / Q4_1 / Q5_0 (contiguous destination, as ggml_cpy requires):
   `cpy_to_q`, one thread per block, ggml's reference quantizers bit for bit.
 
-Declined: other conversions (to Q4_K / Q6_K, whose scale search is not ported; to Q8_1 / Q8_K;
+Declined: other conversions (to Q4_K / Q5_K / Q6_K, whose scale search is not ported; to Q8_1 / Q8_K;
 between index and float types), and a quantized destination that is not contiguous.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ a.nb1 / element size), B = b's rows ([k, n], ldb), C = out's rows ([m, n], ldc =
   does (to_fp16 / to_bf16 of src1), F32 accumulation (CUBLAS_COMPUTE_32F, where ggml-cuda's
   F16 path uses F16 compute: this is at least as precise). Before compute capability 8.0
   (no BF16 cuBLAS) a BF16 a is converted to F32 instead and b stays F32.
-* a quantized (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K): a dequantized to F16 in scratch (ggml-cuda's
+* a quantized (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K): a dequantized to F16 in scratch (ggml-cuda's
   to_fp16 fallback; a later issue brings MMVQ/MMQ), then as F16.
 
 A float operand whose strides cuBLAS cannot take (a leading dimension shorter than the row, a
@@ -43,7 +43,7 @@ SOURCE = "dequant.cu"
 TRAITS = {
     GType.F32: "mm_f32", GType.F16: "mm_f16", GType.BF16: "mm_bf16",
     GType.Q4_0: "mm_q4_0", GType.Q4_1: "mm_q4_1", GType.Q5_0: "mm_q5_0", GType.Q8_0: "mm_q8_0",
-    GType.Q4_K: "mm_q4_K", GType.Q6_K: "mm_q6_K",
+    GType.Q4_K: "mm_q4_K", GType.Q5_K: "mm_q5_K", GType.Q6_K: "mm_q6_K",
 }
 WEIGHT_TYPES = tuple(TRAITS)
 FLOAT_TYPES = (GType.F32, GType.F16, GType.BF16)

@@ -1,13 +1,13 @@
 """Row gathers and scatters (kernels/rows.cu): GET_ROWS, SET_ROWS.
 
 GET_ROWS: out[:, i10, i11, i12] = a[:, ids[i10, i11, i12], i11 % a.ne2, i12 % a.ne3] with a of
-F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K dequantized to F32 exactly as ggml / gguf do, and
+F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K dequantized to F32 exactly as ggml / gguf do, and
 I32 copied as I32; ids I32. One thread per output element.
 
 SET_ROWS: dst[:, ids[i1, i2 % ids.ne1, i3 % ids.ne2], i2, i3] = src[:, i1, i2, i3], src F32
 into F32, F16, BF16 (one thread per element) or Q8_0, Q4_0, Q4_1, Q5_0 (one thread per block, ggml's
 reference quantizers bit for bit); ids I32 or I64. Rows written twice race, as in ggml.
-Declined: SET_ROWS into Q4_K / Q6_K (their scale search is not ported) and other types.
+Declined: SET_ROWS into Q4_K / Q5_K / Q6_K (their scale search is not ported) and other types.
 
 Every operand is passed with its byte strides, so views of any layout work.
 """
@@ -27,7 +27,7 @@ SOURCE = "rows.cu"
 
 GET = {GType.F32: "rows_f32", GType.F16: "rows_f16", GType.BF16: "rows_bf16", GType.I32: "rows_i32",
        GType.Q4_0: "rows_q4_0", GType.Q4_1: "rows_q4_1", GType.Q5_0: "rows_q5_0", GType.Q8_0: "rows_q8_0",
-       GType.Q4_K: "rows_q4_k", GType.Q6_K: "rows_q6_k"}
+       GType.Q4_K: "rows_q4_k", GType.Q5_K: "rows_q5_k", GType.Q6_K: "rows_q6_k"}
 SET = {GType.F32: "rows_f32", GType.F16: "rows_f16", GType.BF16: "rows_bf16"}
 SET_Q = {GType.Q8_0: "rows_q8_0", GType.Q4_0: "rows_q4_0", GType.Q4_1: "rows_q4_1", GType.Q5_0: "rows_q5_0"}
 INDEX = {GType.I32: "int", GType.I64: "long long"}
