@@ -200,7 +200,7 @@ def check_geometry(launch: KernelLaunch, device: DeviceInfo) -> None:
     threads = bx * by * bz
     assert 1 <= threads <= 1024 and threads % device.warp_size == 0, launch.block
     assert bz == 1 and by <= 1024
-    assert 0 <= launch.shared <= device.smem_per_block, launch.shared
+    assert 0 <= launch.shared <= device.smem_per_block_optin, launch.shared  # the driver opts in past 48 KiB
     assert launch.kernel.name in NAME_EXPRESSIONS[launch.kernel.source], launch.kernel
 
 
@@ -446,6 +446,16 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(F32)
+
+
+def random_blocks(rng: np.random.Generator, t: GType, nblocks: int) -> np.ndarray:
+    """Random block bytes (every scale and quant bit pattern) with finite F16 scales."""
+    raw = rng.integers(0, 256, (nblocks, t.type_size), dtype=np.uint8)
+    blocks = raw.view(t.block_dtype).reshape(nblocks)
+    for name in ("d", "dmin", "m"):
+        if name in t.block_dtype.names:
+            blocks[name] = rng.uniform(-2, 2, nblocks).astype(np.float16)
+    return raw
 
 
 def read_rows(mem: Memory, addr: int, gtype: GType, ne0: int, rows: list[tuple[int, int, int]],
@@ -815,3 +825,9 @@ def check_emulated(case, exact: bool, one_block: bool = False) -> None:
     if exact:
         bad = np.flatnonzero(out_bytes != ref_bytes)
         assert bad.size == 0, f"{case.name}: {bad.size} bytes differ from the reference (first at {bad[:1]})"
+
+
+# the integer-product kernels' models live in their own module (it imports this one's helpers)
+from int_models import MODELS as _INT_MODELS  # noqa: E402
+
+MODELS.update(_INT_MODELS)

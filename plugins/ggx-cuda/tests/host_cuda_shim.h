@@ -55,6 +55,26 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 
+// --- SIMD-in-a-word integer intrinsics -------------------------------------------------------------
+// __dp4a(a, b, c): c + the dot product of a's and b's four signed bytes
+static inline int hc_dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) {
+        c += (int) (signed char) (a >> (8 * i)) * (int) (signed char) (b >> (8 * i));
+    }
+    return c;
+}
+
+// __vsubss4(a, b): per signed byte a - b, saturated to -128..127
+static inline int hc_vsubss4(int a, int b) {
+    unsigned int r = 0;
+    for (int i = 0; i < 4; ++i) {
+        int d = (int) (signed char) (a >> (8 * i)) - (int) (signed char) (b >> (8 * i));
+        d = d < -128 ? -128 : (d > 127 ? 127 : d);
+        r |= (unsigned int) (unsigned char) d << (8 * i);
+    }
+    return (int) r;
+}
+
 // --- halves ---------------------------------------------------------------------------------------
 struct __half {
     unsigned short bits;

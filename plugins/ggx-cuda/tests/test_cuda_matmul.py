@@ -61,6 +61,13 @@ def test_mul_mat_cases_on_models(case):
     ct.check_case(case, matmul.supports_mul_mat, matmul.plan_mul_mat)
 
 
+@pytest.mark.parametrize("case", [c for c in ct.cases_for((Op.MUL_MAT,)) if dict(c.vars)["type_a"].is_quantized],
+                         ids=lambda c: c.name)
+def test_quantized_cases_on_the_cublas_fallback(case):
+    """Quantized weights dequantized to F16 for cuBLAS, where ggml's rules or a layout leave them."""
+    ct.check_case(case, matmul.supports_mul_mat, matmul.plan_cublas)
+
+
 @pytest.mark.parametrize("case", [c for c in ct.cases_for((Op.MUL_MAT,)) if dict(c.vars)["k"] < 4096],
                          ids=lambda c: c.name)
 def test_mul_mat_cases_on_host_kernels(case, host_cc):
@@ -203,10 +210,12 @@ def test_permuted_b_with_broadcast_batches_with_stride_0():
 
 
 def test_quantized_dequantizes_to_f16():
+    """The fallback of quantized weights (layouts and devices the integer kernels do not take)."""
     ctx = Context()
     a, b = ctx.tensor(GType.Q4_K, (512, 8)), ctx.tensor(F32, (512, 3))
     node = ctx.mul_mat(a, b)
-    sc, launches = _plan(node)
+    sc = ct.StubCtx()
+    launches = matmul.plan_cublas(node, sc)
     deq, cvt, g = launches
     assert deq.kernel == matmul.convert_kernel(GType.Q4_K, F16)
     assert cvt.kernel == matmul.convert_kernel(F32, F16)

@@ -113,21 +113,11 @@ def test_conformance_case_bytes(c, host_cc):
     ct.check_emulated(c, exact=True)
 
 
-def _random_blocks(rng: np.random.Generator, t: GType, nblocks: int) -> np.ndarray:
-    """Random block bytes (every scale and quant bit pattern) with finite F16 scales."""
-    raw = rng.integers(0, 256, (nblocks, t.type_size), dtype=np.uint8)
-    blocks = raw.view(t.block_dtype).reshape(nblocks)
-    for name in ("d", "dmin", "m"):
-        if name in t.block_dtype.names:
-            blocks[name] = rng.uniform(-2, 2, nblocks).astype(np.float16)
-    return raw
-
-
 @pytest.mark.parametrize("t", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, GType.Q5_K, Q6_K])
 def test_get_rows_random_blocks(t, host_cc):
     def build(b):
         k = 2 * t.block_size
-        a = b.raw_leaf(t, (k, 6, 2), "a", _random_blocks(b.rng, t, 2 * 6 * 2))
+        a = b.raw_leaf(t, (k, 6, 2), "a", ct.random_blocks(b.rng, t, 2 * 6 * 2))
         return b.ctx.get_rows(a, b.indices(I32, (9, 2), "ids", 6))
     ct.check_emulated(case(Op.GET_ROWS, build, (t,), type=t, values="random_blocks"), True)
 

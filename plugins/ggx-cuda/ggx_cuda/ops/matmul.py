@@ -1,5 +1,8 @@
-"""MUL_MAT and MUL_MAT_ID (ggml-cuda's ggml_cuda_op_mul_mat_cublas fallback and a simple
-MUL_MAT_ID), kernels in kernels/dequant.cu.
+"""MUL_MAT and MUL_MAT_ID (ggml-cuda's ggml_cuda_mul_mat dispatch, its cuBLAS fallback and a
+simple MUL_MAT_ID), kernels in kernels/dequant.cu.
+
+`mul_mat_path` is ggml_cuda_mul_mat's order: MMVQ (ops/mmvq.py) for quantized weights when
+ggml_cuda_should_use_mmvq says so, else the cuBLAS path below.
 
 MUL_MAT out[m, n, i2, i3] = sum_k a[k, m, i2 / r2, i3 / r3] * b[k, n, i2, i3] (r2 = B2 / A2,
 r3 = B3 / A3) goes to cuBLAS as C = A^T B per plane, A = a's rows (column-major [k, m], lda =
@@ -11,7 +14,7 @@ a.nb1 / element size), B = b's rows ([k, n], ldb), C = out's rows ([m, n], ldc =
   F16 path uses F16 compute: this is at least as precise). Before compute capability 8.0
   (no BF16 cuBLAS) a BF16 a is converted to F32 instead and b stays F32.
 * a quantized (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K): a dequantized to F16 in scratch (ggml-cuda's
-  to_fp16 fallback; a later issue brings MMVQ/MMQ), then as F16.
+  to_fp16 fallback), then as F16.
 
 A float operand whose strides cuBLAS cannot take (a leading dimension shorter than the row, a
 stride that is not a whole number of elements) is first copied contiguously into scratch.
@@ -33,9 +36,10 @@ from ggx.ops import Op
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from ..driver import GemmLaunch, Kernel, KernelLaunch, Launch
+from .. import arch
+from ..driver import DeviceInfo, GemmLaunch, Kernel, KernelLaunch, Launch
 from ..kernels import names
-from . import PlanContext, register
+from . import PlanContext, mmvq, register
 
 SOURCE = "dequant.cu"
 
@@ -195,7 +199,28 @@ def gemm_launches(a: int, b: int, c: int, m: int, n: int, k: int, lda: int, ldb:
                        batch[0], batch[1], batch[2], batch[3]) for oa, ob, oc in offsets]
 
 
+def mul_mat_path(node: Tensor, device: DeviceInfo) -> str:
+    """ggml_cuda_mul_mat's choice for a supported node: "mmvq" (quantized weights, few columns),
+    or "cublas", the fallback for what the integer kernels do not take."""
+    a, b = node.src
+    if node.nelements == 0 or a.ne[0] == 0:
+        return "cublas"
+    cc = arch.cc_int(device.cc)
+    if cc < arch.DP4A:  # ggx's integer kernels use __dp4a (ggml's has a slow fallback before 6.1)
+        return "cublas"
+    if mmvq.supports(node) and mmvq.should_use_mmvq(a.type, cc, b.ne[1]):
+        return "mmvq"
+    return "cublas"
+
+
 def plan_mul_mat(node: Tensor, ctx: PlanContext) -> list[Launch]:
+    if mul_mat_path(node, ctx.device) == "mmvq":
+        return mmvq.plan(node, ctx)
+    return plan_cublas(node, ctx)
+
+
+def plan_cublas(node: Tensor, ctx: PlanContext) -> list[Launch]:
+    """Weights (converted to their gemm type where needed) and activations through cuBLAS."""
     a, b = node.src
     K, M, A2, A3 = a.ne
     N, B2, B3 = b.ne[1:]

@@ -1,0 +1,163 @@
+"""numpy models of the integer-product kernels (quantize.cu, mmvq.cu), for cuda_testing's MODELS:
+each executes a planned launch from its arguments bound by parameter name.
+
+* the quantizers reproduce the kernels' recipes bit for bit (the warp's butterfly sum included),
+  so a host run of the .cu source must equal them byte for byte;
+* the products are float64 over the exact integer dot products: the weights dequantized as gguf
+  does, the activations as q * d with their f16 d; where a kernel multiplies a weight's offset or
+  min by the block's stored f16 sum s instead of d * sum(q) (MMVQ: Q4_0, Q4_1, Q5_0; MMVQ's Q4_K /
+  Q5_K sum the quants, as ggml's vec_dot_q4_K_q8_1_impl_vmmq does), the model does too. So a kernel
+  run differs from its model only by float32 rounding.
+"""
+from __future__ import annotations
+
+import cuda_testing as ct
+import numpy as np
+
+from ggx.quants import dequantize, fp32_to_fp16
+from ggx.types import GType
+
+F32 = np.float32
+Q8_1 = np.dtype([("d", "<u2"), ("s", "<u2"), ("qs", "i1", 32)])
+Q8_1_MMQ = np.dtype([("ds", "<u4", 4), ("qs", "i1", 128)])
+
+#: the weight type of each MMVQ dot-product struct
+MMVQ_TYPES = {"mmvq_q4_0": GType.Q4_0, "mmvq_q4_1": GType.Q4_1, "mmvq_q5_0": GType.Q5_0, "mmvq_q8_0": GType.Q8_0,
+              "mmvq_q4_K": GType.Q4_K, "mmvq_q5_K": GType.Q5_K, "mmvq_q6_K": GType.Q6_K}
+
+
+# --- activations -----------------------------------------------------------------------------------
+def warp_sum(x: np.ndarray) -> np.ndarray:
+    """ggx_warp_sum over the last axis (32 lanes): the xor butterfly, in float32."""
+    v = x.astype(F32)
+    while v.shape[-1] > 1:
+        h = v.shape[-1] // 2
+        v = v[..., :h] + v[..., h:]
+    return v[..., 0]
+
+
+def round_away(v: np.ndarray) -> np.ndarray:
+    """roundf: halves away from zero."""
+    v = v.astype(np.float64)
+    return (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)
+
+
+def q8_1_groups(x: np.ndarray, mmq: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q int8, d float32, s float32) of 32-value groups x[..., 32]: quantize_q8_1's recipe
+    (d = amax / 127, q = roundf(x / d)), or with `mmq` quantize_mmq_q8_1's (d_inv = 127 / amax,
+    q = roundf(x * d_inv), d = 1 / d_inv). A zero group: q = 0, d = 0."""
+    x = x.astype(F32)
+    amax = np.abs(x).max(axis=-1)
+    zero = amax == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if mmq:
+            d_inv = F32(127) / amax
+            q = round_away(x * d_inv[..., None])
+            d = np.where(zero, F32(0), F32(1) / d_inv)
+        else:
+            d = amax / F32(127)
+            q = round_away(x / d[..., None])
+    q[zero] = 0
+    return q, d.astype(F32), warp_sum(x)
+
+
+def model_quantize_q8_1(launch, a: dict, ctx) -> None:
+    K, ne1, ne2, ncols = int(a["K"]), int(a["ne1"]), int(a["ne2"]), int(a["ncols"])
+    assert launch.grid[0] * launch.block[0] >= K and K % 32 == 0
+    nb = (int(a["nb1"]), int(a["nb2"]), int(a["nb3"]))
+    cols = [ct._rows(c, ne1, ne2) for c in range(ncols)]
+    x = np.stack([ct._row(ctx.mem, a["x"], i, (4, *nb), K) for i in cols])
+    q, d, s = q8_1_groups(x.reshape(ncols, K // 32, 32))
+    out = ctx.mem.view(int(a["y"]), (ncols * K // 32 * 36,), (1,), np.uint8).view(Q8_1).reshape(ncols, K // 32)
+    out["d"], out["s"], out["qs"] = fp32_to_fp16(d).view(np.uint16), fp32_to_fp16(s).view(np.uint16), q
+
+
+def model_quantize_mmq(launch, a: dict, ctx) -> None:
+    ds4 = ct._template_args(launch.kernel.name)[0] == "true"
+    nkb, ne1, nz = launch.grid
+    K, ne2 = int(a["K"]), int(a["ne2"])
+    assert launch.block == (128, 1, 1) and nkb * 128 >= K and nkb % 2 == 0
+    nb = (4, int(a["nb1"]), int(a["nb2"]), int(a["nb3"]))
+    x = np.zeros((nz, ne1, nkb * 128), F32)
+    for z in range(nz):
+        for i1 in range(ne1):
+            x[z, i1, :K] = ct._row(ctx.mem, a["x"], (i1, z % ne2, z // ne2), nb, K)
+    q, d, s = q8_1_groups(x.reshape(nz, ne1, nkb, 4, 32), mmq=True)
+    out = ctx.mem.view(int(a["y"]), (nz * nkb * ne1 * 144,), (1,), np.uint8).view(Q8_1_MMQ).reshape(nz, nkb, ne1)
+    out["qs"] = q.transpose(0, 2, 1, 3, 4).reshape(nz, nkb, ne1, 128)
+    d, s = d.transpose(0, 2, 1, 3), s.transpose(0, 2, 1, 3)
+    if ds4:
+        out["ds"] = fp32_to_fp16(d).view(np.uint16).astype(np.uint32) | (
+            fp32_to_fp16(s).view(np.uint16).astype(np.uint32) << 16)
+    else:
+        out["ds"] = d.view(np.uint32)
+
+
+# --- weights ---------------------------------------------------------------------------------------
+def _k_mins(scales: np.ndarray) -> np.ndarray:
+    """The 6-bit mins of the 8 sub-blocks of Q4_K / Q5_K super-blocks (get_scale_min_k4)."""
+    s = scales.astype(np.int64)
+    lo = s[:, 4:8] & 63
+    hi = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
+    return np.concatenate([lo, hi], axis=1)
+
+
+def group_offsets(raw: np.ndarray, gtype: GType) -> np.ndarray:
+    """Per 32 values of each row of raw blocks [rows, bytes]: the constant a weight adds to q * scale
+    (Q4_0: -8 d, Q4_1: m, Q5_0: -16 d, Q4_K / Q5_K: -dmin * min; 0 for Q8_0, Q6_K)."""
+    blocks = raw.reshape(-1).view(gtype.block_dtype).reshape(raw.shape[0], -1)
+    if gtype in (GType.Q4_0, GType.Q5_0):
+        return blocks["d"].astype(np.float64) * (-8.0 if gtype is GType.Q4_0 else -16.0)
+    if gtype is GType.Q4_1:
+        return blocks["m"].astype(np.float64)
+    if gtype in (GType.Q4_K, GType.Q5_K):
+        dmin = blocks["dmin"].astype(np.float64)[..., None]
+        mins = _k_mins(blocks["scales"].reshape(-1, 12)).reshape(*blocks.shape, 8)
+        return (-dmin * mins).reshape(raw.shape[0], -1)
+    return np.zeros((raw.shape[0], raw.shape[1] // gtype.type_size * gtype.block_size // 32))
+
+
+#: the weight types whose offset / min MMVQ multiplies by the q8_1 block's stored sum s
+MMVQ_USES_S = (GType.Q4_0, GType.Q4_1, GType.Q5_0)
+
+
+def product(raw_x: np.ndarray, gtype: GType, yq: np.ndarray, yd: np.ndarray, ys: np.ndarray | None) -> np.ndarray:
+    """Rows of raw weight blocks [M, bytes] times q8_1 columns (q [N, K], d [N, K / 32]) as the
+    integer kernels compute it, in float64: [N, M]. With `ys` (the stored sums [N, K / 32]), the
+    weight's offsets multiply s instead of d * sum(q)."""
+    M, K = raw_x.shape[0], yq.shape[1]
+    w = dequantize(raw_x.reshape(-1), gtype, M * K).astype(np.float64).reshape(M, K)
+    yv = yq.astype(np.float64) * np.repeat(yd.astype(np.float64), 32, axis=1)
+    out = yv @ w.T
+    if ys is not None:
+        exact_sum = (yq.reshape(len(yq), -1, 32).astype(np.float64).sum(axis=2)) * yd
+        out += (ys.astype(np.float64) - exact_sum) @ group_offsets(raw_x, gtype).T  # offsets [M, K / 32]
+    return out
+
+
+def model_mmvq(launch, a: dict, ctx) -> None:
+    name, ncols, nwarps, rpb = ct._template_args(launch.kernel.name)
+    gtype, ncols, nwarps, rpb = MMVQ_TYPES[name], int(ncols), int(nwarps), int(rpb)
+    assert launch.block == (32, nwarps, 1)
+    nrows, bpr, block_bytes = int(a["nrows"]), int(a["blocks_per_row"]), int(a["block_bytes"])
+    assert block_bytes == gtype.type_size
+    assert (launch.grid[0] - 1) * rpb < nrows <= launch.grid[0] * rpb, "the grid does not cover the rows"
+    K, nyb = bpr * gtype.block_size, bpr * gtype.block_size // 32
+    mem = ctx.mem
+    for sample in range(launch.grid[2]):
+        for channel in range(launch.grid[1]):
+            xs = (int(a["x"]) + sample // int(a["sample_ratio"]) * int(a["stride_sample_x"])
+                  + channel // int(a["channel_ratio"]) * int(a["stride_channel_x"]))
+            raw = np.stack([mem.view(xs + r * int(a["stride_row_x"]), (bpr * block_bytes,), (1,), np.uint8)
+                            for r in range(nrows)])
+            ys = int(a["y"]) + (sample * int(a["stride_sample_y"]) + channel * int(a["stride_channel_y"])) * 36
+            y = np.stack([mem.view(ys + j * int(a["stride_col_y"]) * 36, (nyb * 36,), (1,), np.uint8).view(Q8_1)
+                          for j in range(ncols)])
+            yd, ysum = (y["d"].view(np.float16).astype(np.float64), y["s"].view(np.float16).astype(np.float64))
+            out = product(raw, gtype, y["qs"].reshape(ncols, K), yd, ysum if gtype in MMVQ_USES_S else None)
+            base = int(a["dst"]) + (sample * int(a["stride_sample_dst"]) + channel * int(a["stride_channel_dst"])) * 4
+            for j in range(ncols):
+                mem.view(base + j * int(a["stride_col_dst"]) * 4, (nrows,), (4,), F32)[:] = out[j]
+
+
+MODELS = {"k_quantize_q8_1": model_quantize_q8_1, "k_quantize_mmq": model_quantize_mmq, "k_mul_mat_vec_q": model_mmvq}
