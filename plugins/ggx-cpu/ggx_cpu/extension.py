@@ -14,7 +14,9 @@ ISA variants and dispatch
     `isa_name`) makes the kernel compile once per variant. The products `dot_u8s8`, `dot_s8s8`,
     `dot_u8s8_scaled` and the constant `u8s8_saturates` take the token first and specialize to
     the variant's instructions: one kernel source, no dispatch table of your own.
-    `amx_support()`: (usable, reason) for AMX tiles, the OS permission requested once.
+    `amx_support()`: (usable, reason) for AMX tiles, the OS permission requested once;
+    `amx_status(features, xcr0, request_permission)`: the same decision as a pure function of
+    its inputs (to exercise the refused paths without the hardware).
 
 Compile-time tokens of your own
     Subclass `TokenType`, `register_token(YourClass, YourType)`; `@token_constant` turns a
@@ -36,6 +38,7 @@ from __future__ import annotations
 from .isa import VARIANTS, amx_support, available, select, token
 from .isa.codegen import declare, elem_ptr, load_vector
 from .isa.dispatch import dot_s8s8, dot_u8s8, dot_u8s8_scaled, u8s8_saturates
+from .isa.host import amx_status
 from .isa.simd import (
     F32x8,
     I8x16,
@@ -89,7 +92,7 @@ __all__ = [
     # launches
     "launch", "in_order",
     # ISA variants and dispatch
-    "VARIANTS", "available", "select", "token", "IsaType", "amx_support",
+    "VARIANTS", "available", "select", "token", "IsaType", "amx_support", "amx_status",
     "dot_u8s8", "dot_s8s8", "dot_u8s8_scaled", "u8s8_saturates",
     # tokens
     "TokenType", "register_token", "token_constant",

@@ -1,0 +1,255 @@
+"""AMX: the extra buffer type holding weights in ggml's AMX tile layout (ggml-cpu/amx/amx.cpp).
+
+- `set_tensor` packs a whole tensor (offset 0, all of its ggml bytes) into the layout of
+  layout.py; `get_alloc_size` is the packed size (Q8_0 and Q4_K tiles are larger than their
+  blocks). The layout is not ggml's block layout, so the type is not host memory (`is_host`
+  False) and the buffer is write-only: `get_tensor` raises GGXUnsupported, `cpy_tensor`
+  declines; `memset_tensor` / `clear` fill raw bytes, as ggml's AMX buffer does.
+- `supports_op` is ggml's: MUL_MAT whose weight (not a view) lives here, of a type with AMX
+  kernels (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), output rows (the weight's rows) divisible by 32, K
+  divisible by 32 (256 for the K-quants), contiguous F32 activations in host memory, F32
+  destination. ggx also takes MUL_MAT_ID (3-D expert weights, the same rules per expert), which
+  ggml's AMX type does not. The verdict is kept per op node.
+- `prepare_forward`: a launch for every op supports_op accepted (no CPU kernel can read the
+  layout): one compiled call, `kernels.amx_mm`, on the engine this type was made for: "amx" (the
+  tile instructions) or "emulated" (`GGX_AMX_EMULATE=1`: the same tiling loop with the tile
+  instructions modeled in software, for testing; its name says so: AMX_EMULATED).
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+
+import numpy as np
+
+from ggx.backend import Buffer, BufferType, BufferUsage, Device, ExtraBufferType, Launch
+from ggx.errors import GGXOutOfMemory, GGXShapeError, GGXUnsupported
+from ggx.host import alloc_host_memory, tensor_array
+from ggx.ops import Op
+from ggx.tensor import Tensor
+from ggx.types import GType
+
+from .layout import TileFormat, pack, tile_format
+
+NAMES = {"amx": "AMX", "emulated": "AMX_EMULATED"}
+ROWS_MULTIPLE = 32  # output rows per kernel task (ggml: op->ne[0] % (TILE_N * 2) == 0)
+
+
+class AmxBuffer(Buffer):
+    """Host memory holding weights in the AMX layout; write-only (see the module docstring)."""
+
+    def __init__(self, buft: AmxBufferType, size: int, usage: BufferUsage = BufferUsage.WEIGHTS):
+        super().__init__(buft, size, usage)
+        self._memory: np.ndarray | None = alloc_host_memory(buft, size)
+
+    def packed_bytes(self) -> np.ndarray:
+        """The buffer's bytes, weights in the AMX layout (what this plugin's kernels read)."""
+        memory = self._memory
+        if memory is None:
+            raise GGXUnsupported(f"{self.buft.name}: this {self.size}-byte buffer was freed")
+        return memory
+
+    def free(self) -> None:
+        self._memory = None
+        super().free()
+
+    def set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
+        name = self.buft.name
+        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if offset != 0 or data.size != tensor.nbytes:
+            raise GGXUnsupported(f"{name}: {tensor.describe()} must be set whole (offset 0, {tensor.nbytes} "
+                                 f"bytes); got offset {offset}, {data.size} bytes")
+        if tensor.view_src is not None or not tensor.is_contiguous():
+            raise GGXUnsupported(f"{name}: {tensor.describe()} is a view or not contiguous; only whole "
+                                 "contiguous weights are packed")
+        why = self.buft.why_not_weight(tensor)
+        if why is not None:
+            raise GGXUnsupported(f"{name}: {why}; keep it in the plain CPU buffer")
+        memory = self.packed_bytes()
+        packed = pack(tensor.type, data, tensor.ne)
+        start = tensor.data_offset
+        if start + packed.size > self.size:
+            raise GGXShapeError(f"{name}: {tensor.describe()} needs bytes {start}..{start + packed.size} of a "
+                                f"{self.size}-byte buffer (allocate get_alloc_size bytes)")
+        memory[start: start + packed.size] = packed
+
+    def get_tensor(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
+        raise GGXUnsupported(f"{self.buft.name} is write-only: {tensor.describe()} was packed into AMX tiles "
+                             "and is no longer in ggml's layout; read the weights from their source instead")
+
+    def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
+        """Fill raw bytes (as ggml's AMX buffer's memset_tensor)."""
+        size = tensor.nbytes - offset if size is None else size
+        start = tensor.data_offset + offset
+        if offset < 0 or size < 0 or start + size > self.size:
+            raise GGXShapeError(f"{self.buft.name}: memset of bytes {offset}..{offset + size} of "
+                                f"{tensor.describe()} is outside the {self.size}-byte buffer")
+        self.packed_bytes()[start: start + size] = value
+
+    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """Declines: a weight gets here only through set_tensor, which packs it."""
+        return False
+
+    def clear(self, value: int = 0) -> None:
+        self.packed_bytes()[:] = value
+
+
+class AmxBufferType(ExtraBufferType):
+    """The AMX extra buffer type of one CPU device, running `engine` ("amx" or "emulated")."""
+
+    def __init__(self, device: Device, engine: str):
+        if engine not in NAMES:
+            raise GGXUnsupported(f"AMX: unknown engine {engine!r} ({', '.join(NAMES)})")
+        self._device = device
+        self.engine = engine
+        self.name = NAMES[engine]
+        # per op node: (its sources' buffer types, why_not)
+        self._verdicts: weakref.WeakKeyDictionary[Tensor, tuple] = weakref.WeakKeyDictionary()
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def alignment(self) -> int:
+        return 64
+
+    def alloc_buffer(self, size: int) -> AmxBuffer:
+        if size < 0 or size > self.max_size:
+            raise GGXOutOfMemory(f"{self.name}: {size} bytes is more than max_size {self.max_size}")
+        return AmxBuffer(self, size)
+
+    def why_not_weight(self, t: Tensor) -> str | None:
+        """Why weight `t` cannot be packed here (None: it can)."""
+        fmt = tile_format(t.type)
+        if fmt is None:
+            return f"{t.describe()}: no AMX kernel for {t.type.name} (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)"
+        if t.ne[1] % ROWS_MULTIPLE:
+            return f"{t.describe()}: {t.ne[1]} rows, not a multiple of {ROWS_MULTIPLE}"
+        if t.ne[0] % fmt.block_size:
+            return f"{t.describe()}: K = {t.ne[0]} is not a multiple of {fmt.block_size}"
+        if t.ne[3] != 1:
+            return f"{t.describe()} is 4-D"
+        return None
+
+    def get_alloc_size(self, tensor: Tensor) -> int:
+        fmt = tile_format(tensor.type)
+        if fmt is None or tensor.view_src is not None or tensor.ne[1] % 16:
+            return tensor.nbytes
+        return max(tensor.nbytes, fmt.packed_nbytes(tensor.ne))
+
+    # --- ops ------------------------------------------------------------------------------------
+    def why_not(self, op: Tensor) -> str | None:
+        """Why `op` cannot run on this buffer type (None: it can). Kept per op node with the
+        buffer types of its sources (placement asks before the activations have storage)."""
+        storage = tuple(_buft_of(s) for s in op.src)
+        kept = self._verdicts.get(op)
+        if kept is not None and kept[0] == storage:
+            return kept[1]
+        why = self._why_not(op)
+        self._verdicts[op] = (storage, why)
+        return why
+
+    def _why_not(self, op: Tensor) -> str | None:
+        if op.op not in (Op.MUL_MAT, Op.MUL_MAT_ID):
+            return f"{op.op.name} is not a matmul ({self.name} computes MUL_MAT and MUL_MAT_ID only)"
+        if len(op.src) < (3 if op.op is Op.MUL_MAT_ID else 2):
+            return f"{op.describe()} lacks sources"
+        a, b = op.src[0], op.src[1]
+        if _buft_of(a) is not self:
+            return f"weight {a.describe()} is not in {self.name}"
+        if a.view_src is not None or not a.is_contiguous():
+            return f"weight {a.describe()} is a view or not contiguous"
+        why = self.why_not_weight(a)
+        if why is not None:
+            return why
+        if op.op is Op.MUL_MAT and (a.ne[2] != 1 or a.ne[3] != 1):
+            return f"MUL_MAT weight {a.describe()} is not 2-D"
+        if b.type is not GType.F32 or a.ne[0] != b.ne[0] or not b.is_contiguous():
+            return f"activations {b.describe()} must be contiguous F32 with rows of K={a.ne[0]}"
+        for s in op.src[1:]:
+            sb = _buft_of(s)
+            if sb is not None and not sb.is_host:
+                return f"{s.describe()} is not in host memory ({sb.name})"
+        if op.type is not GType.F32 or not op.is_contiguous():
+            return f"destination {op.describe()} must be contiguous F32"
+        if op.op is Op.MUL_MAT_ID:
+            ids = op.src[2]
+            if ids.type is not GType.I32 or ids.ne[2] != 1 or ids.ne[3] != 1 or b.ne[3] != 1:
+                return f"MUL_MAT_ID ids {ids.describe()} / b {b.describe()} have unexpected shapes"
+            want = (a.ne[1], ids.ne[0], ids.ne[1], 1)
+        else:
+            want = (a.ne[1], b.ne[1], b.ne[2], b.ne[3])
+        if tuple(op.ne) != want:  # the kernel writes exactly this many rows of M
+            return f"destination {op.describe()} should be {list(want)}"
+        return None
+
+    def supports_op(self, op: Tensor) -> bool:
+        return self.why_not(op) is None
+
+    def prepare_forward(self, op: Tensor, n_threads: int = 1) -> Launch:
+        """The launch of an op supports_op accepted; GGXUnsupported naming why for any other."""
+        why = self.why_not(op)
+        if why is not None:
+            raise GGXUnsupported(f"{self.name}: cannot compute {op.describe()}: {why}")
+        if op.nelements == 0:
+            return _nothing
+        a = op.src[0]
+        w = a.data_buffer.packed_bytes()
+        fmt = tile_format(a.type)
+        if op.op is Op.MUL_MAT_ID:  # columns grouped by the ids' values: planned at every compute
+            return functools.partial(_run_id, op, fmt, w, self.engine, n_threads)
+        x = tensor_array(op.src[1]).reshape(-1, a.ne[0])
+        cols = np.arange(x.shape[0], dtype=np.int64)
+        return _bind(fmt, self.engine, w, np.array([a.data_offset], np.int64), a.ne, x,
+                     np.array([0, x.shape[0]], np.int64), cols, cols, True, tensor_array(op).reshape(-1), n_threads)
+
+
+def _buft_of(t: Tensor | None) -> BufferType | None:
+    buf = t.data_buffer if t is not None else None
+    return buf.buft if buf is not None else None
+
+
+def _nothing() -> None:
+    """The launch of an empty matmul."""
+
+
+def _run_id(op: Tensor, fmt: TileFormat, w: np.ndarray, engine: str, n_threads: int) -> None:
+    """MUL_MAT_ID: the used experts' columns from the ids (checked), then the kernel."""
+    a, b, ids = op.src[0], op.src[1], op.src[2]
+    n_used, n_tokens = ids.ne[0], ids.ne[1]
+    experts = np.ascontiguousarray(tensor_array(ids)).reshape(n_tokens, n_used)
+    bad = (experts < 0) | (experts >= a.ne[2])
+    if bad.any():
+        t, e = np.argwhere(bad)[0]
+        raise GGXShapeError(f"mul_mat_id: ids[{e}, {t}] = {experts[t, e]} is not an expert of {a.describe()}")
+    flat = experts.reshape(-1)  # slot s = t * n_used + e is output row s
+    slots = np.argsort(flat, kind="stable")
+    used, counts = np.unique(flat[slots], return_counts=True)
+    ycol = (slots // n_used) * b.ne[1] + (slots % n_used) % b.ne[1]  # the row of b slot s reads
+    cstart = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    per_expert = fmt.packed_nbytes((a.ne[0], a.ne[1], 1, 1))
+    wg = (a.data_offset + used * per_expert).astype(np.int64)
+    x = tensor_array(b).reshape(-1, a.ne[0])
+    _bind(fmt, engine, w, wg, a.ne, x, cstart, ycol.astype(np.int64), slots.astype(np.int64), False,
+          tensor_array(op).reshape(-1), n_threads)()
+
+
+def _bind(fmt: TileFormat, engine: str, w: np.ndarray, wg: np.ndarray, ne: tuple[int, ...], x: np.ndarray,
+          cstart: np.ndarray, ycol: np.ndarray, ocol: np.ndarray, direct: bool, out: np.ndarray,
+          n_threads: int) -> Launch:
+    """ggx-cpu's quantizer of the activation rows x [n, K] (to the weight's vec_dot_type), then
+    `kernels.amx_mm`, each bound to its compiled entry point (ggx-cpu's `launch`)."""
+    import numba
+
+    from ggx_cpu.extension import act_launch, in_order, launch, token
+
+    from .kernels import amx_mm
+    from .tiles import engine as engine_token
+    from .tiles import tile_config
+
+    n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
+    act, quantize = act_launch(x, fmt.gtype.vec_dot_type, n)
+    mm = launch(amx_mm, token(), engine_token(engine), fmt, w, wg, ne[0], ne[1], act.qs, act.d, act.s, act.s4,
+                cstart, ycol, ocol, direct, tile_config(), out, n, n_threads=n)
+    return in_order(quantize, mm)

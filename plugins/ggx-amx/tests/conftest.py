@@ -1,0 +1,36 @@
+"""Fixtures: the session's CPU device, and a second ggx-cpu CPU device whose extra buffer types were
+asked with GGX_AMX_EMULATE=1, so it holds AMX_EMULATED (the session's own CPU device never sees
+that variable: its list is made first, and the variable is set only while the second one's is)."""
+from __future__ import annotations
+
+import pytest
+
+from ggx import registry
+from ggx_amx.buffer import AmxBufferType
+from ggx_amx.detect import ENV_EMULATE
+
+
+@pytest.fixture(scope="session")
+def cpu():
+    return registry.get_device("CPU")
+
+
+@pytest.fixture(scope="session")
+def amx_cpu(cpu):
+    cpu.extra_buffer_types()
+    dev = type(cpu)(cpu.reg)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENV_EMULATE, "1")
+        bufts = dev.extra_buffer_types()
+    assert [b.name for b in bufts][:1] == ["AMX_EMULATED"], bufts
+    return dev
+
+
+@pytest.fixture(scope="session")
+def amx_buft(amx_cpu) -> AmxBufferType:
+    return amx_cpu.extra_buffer_types()[0]
+
+
+@pytest.fixture(scope="session")
+def amx_backend(amx_cpu):
+    return amx_cpu.init_backend(n_threads=2)
