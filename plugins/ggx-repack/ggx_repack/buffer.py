@@ -287,19 +287,39 @@ def _launch(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> Launch:
     return _bind(op, lay, w, x, rows.reshape(-1), n_threads)
 
 
+@functools.lru_cache(maxsize=1024)
+def _mul_mat_tiles(lay: Layout, n: int, K: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """`tiles.tile_plan` of a MUL_MAT's n columns, cached as `_mul_mat_plan`."""
+    from .tiles import tile_plan
+
+    return tile_plan(np.array([0, n], np.int64), lay.name, K)
+
+
 def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray, n_threads: int) -> Launch:
-    """`kernels.repack_mm` bound to its compiled entry point: one compiled call that quantizes
-    the activations x [n, K], then runs the parallel kernel over (matrix, row group) into out."""
+    """One compiled call that quantizes the activations x [n, K], then runs a parallel kernel over
+    (matrix, row group) into out: `tiles.tile_mm` (register tiles) where the ISA variant has it
+    for this layout and some matrix multiplies more than one column, else `kernels.repack_mm`."""
     import numba
 
-    from ggx_cpu.extension import launch, token
+    from ggx_cpu.extension import launch, select, token
 
     from .kernels import repack_mm
+    from .tiles import has_tiles, tile_plan
 
     K, M = op.src[0].ne[0], op.src[0].ne[1]
     wg, cstart, ycol, ocol = _columns(op, lay)
     n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
-    return launch(repack_mm, token(), lay, w, wg, lay.group_bytes, K // lay.block_size, K, M,
+    nbk = K // lay.block_size
+    if has_tiles(lay.name, select(), M) and np.max(np.diff(cstart)) > 1:
+        if op.op is Op.MUL_MAT:
+            tiles, tstart, n_ya, n_sc = _mul_mat_tiles(lay, len(ycol), K)
+        else:
+            tiles, tstart, n_ya, n_sc = tile_plan(cstart, lay.name, K)
+        from .tiles import tile_mm
+
+        return launch(tile_mm, lay, w, wg, lay.group_bytes, nbk, K, M, x, tiles, tstart, n_ya, n_sc,
+                      ycol, ocol, out, n, n_threads=n)
+    return launch(repack_mm, token(), lay, w, wg, lay.group_bytes, nbk, K, M,
                   x, cstart, ycol, ocol, _lane_rows(lay), out, n, n_threads=n)
 
 
