@@ -827,7 +827,10 @@ def check_emulated(case, exact: bool, one_block: bool = False) -> None:
         assert bad.size == 0, f"{case.name}: {bad.size} bytes differ from the reference (first at {bad[:1]})"
 
 
-# the integer-product kernels' models live in their own module (it imports this one's helpers)
+# the models of the integer products and of the flash-attention kernels live in their own modules
+# (they import this one's helpers)
+from fattn_models import MODELS as _FATTN_MODELS  # noqa: E402
 from int_models import MODELS as _INT_MODELS  # noqa: E402
 
 MODELS.update(_INT_MODELS)
+MODELS.update(_FATTN_MODELS)

@@ -100,7 +100,7 @@ def test_launch_arguments():
     mask = ctx.tensor(F16, (33, 8))
     node = ctx.flash_attn_ext(q, k, v, mask, 0.125, 8.0, 20.0)
     sc = ct.StubCtx()
-    launch, = attention.plan(node, sc)
+    launch, = attention.plan_generic(node, sc)
     assert launch.kernel == attention.kernel(F16, F16)
     assert launch.grid == (5, 8, 1) and launch.block == (128, 1, 1) and launch.shared == 0
     a = ct.bind(launch)
@@ -114,7 +114,7 @@ def test_launch_arguments():
 def test_no_mask_passes_null():
     ctx = Context()
     node = ctx.flash_attn_ext(ctx.tensor(F32, (64, 3, 2)), ctx.tensor(F32, (64, 9, 1)), ctx.tensor(F16, (64, 9, 1)))
-    launch, = attention.plan(node, ct.StubCtx())
+    launch, = attention.plan_generic(node, ct.StubCtx())
     a = ct.bind(launch)
     assert launch.kernel == attention.kernel(F32, F16)
     assert int(a["mask"]) == 0 and int(a["has_mask"]) == 0 and int(a["mask_ne2"]) == 1

@@ -1,6 +1,7 @@
-"""FLASH_ATTN_EXT, kernel k_flash_attn_ext in kernels/attention.cu: one block per (query row,
-head, batch), online softmax in float over the keys in chunks (simple and correct; the tiled
-ggml-cuda kernels are a later issue).
+"""FLASH_ATTN_EXT: `plan` is ggml_cuda_flash_attn_ext, the kernel ggml's choice maps to
+(ops/fattn.py: vec and tile kernels in kernels/fattn.cu), and for what they do not take the
+generic kernel k_flash_attn_ext in kernels/attention.cu: one block per (query row, head, batch),
+online softmax in float over the keys in chunks (simple and correct).
 
 q F32 [D, T, H, B]; k, v F16 or F32 [D, KV, Hkv, Bk] / [Dv, KV, Hkv, Bk] (head h reads kv head
 h / (H / Hkv), batch b kv batch b / (B / Bk)); optional F16 mask [KV, >=T, Hm, Bm] (plane
@@ -11,17 +12,17 @@ rounds Q to F16 and may accumulate in F16: this is at least as precise). Heads w
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ggx.ops import Op
 from ggx.tensor import Tensor
 from ggx.types import GType
 
+from .. import arch
 from ..driver import Kernel, KernelLaunch, Launch
 from ..kernels import names
-from . import PlanContext, register
+from . import PlanContext, fattn, register
+from .fattn import alibi
 
 SOURCE = "attention.cu"
 BLOCK = 128  # FA_BLOCK
@@ -62,15 +63,19 @@ def supports(node: Tensor) -> bool:
             and T <= MAX_GRID_X and H <= MAX_GRID_YZ and B <= MAX_GRID_YZ and k.ne[1] <= INT_MAX)
 
 
-def alibi(n_head: int, max_bias: float) -> tuple[float, float, int]:
-    """(m0, m1, n_head_log2) of ggml's ALiBi slopes (unused when max_bias <= 0)."""
-    if max_bias <= 0.0 or n_head == 0:
-        return 1.0, 1.0, 0
-    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
-    return 2.0 ** (-max_bias / n_head_log2), 2.0 ** (-max_bias / 2.0 / n_head_log2), n_head_log2
-
-
 def plan(node: Tensor, ctx: PlanContext) -> list[Launch]:
+    """ggml_cuda_flash_attn_ext: the kernel ggml's choice maps to (ops/fattn.py), else the generic one."""
+    if node.nelements and fattn.usable(node):
+        kind = fattn.kernel_for(fattn.FattnShape.of(node), arch.cc_int(ctx.device.cc))
+        if kind == fattn.VEC:
+            return fattn.plan_vec(node, ctx)
+        if kind == fattn.TILE:
+            return fattn.plan_tile(node, ctx)
+    return plan_generic(node, ctx)
+
+
+def plan_generic(node: Tensor, ctx: PlanContext) -> list[Launch]:
+    """One block per (query row, head, batch): any head size up to 256, F16 / F32 K and V."""
     q, k, v = node.src[:3]
     mask = node.src[3] if len(node.src) > 3 else None
     p = node.params
