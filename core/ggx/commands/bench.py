@@ -5,14 +5,16 @@ Tests, as llama-bench runs them: ppN evaluates N random tokens as one batch on a
 test first runs once untimed (the warm-up: kernels compiled or loaded, launches bound, buffers
 allocated), then `-r` timed repetitions; a repetition that compiled a kernel all the same is run
 again, and the garbage collector waits outside the timed part (as `timeit` does). The table
-shows mean ± std tokens/s. With `--profile`, where the time of a decode step goes: graph
-building, the scheduler's planning and input copies, the backends' compute (kernels), and the
-rest (Python around them).
+shows mean ± std tokens/s; `-o json` prints the same as a JSON list with llama-bench's field
+names (avg_ts, stddev_ts, samples_ts, n_prompt, n_gen, n_threads), for scripts. With
+`--profile`, where the time of a decode step goes: graph building, the scheduler's planning and
+input copies, the backends' compute (kernels), and the rest (Python around them).
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import sys
 import time
@@ -44,6 +46,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_tensor_split(p)
     p.add_argument("--no-flash-attn", action="store_true", help="use mul_mat + soft_max attention")
     p.add_argument("--profile", action="store_true", help="also break a decode step's time down")
+    p.add_argument("-o", "--output", choices=("md", "json"), default="md",
+                   help="md: llama-bench's markdown table (default); json: one JSON list, llama-bench's field names")
     p.set_defaults(func=run)
 
 
@@ -66,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
     size = sum(t.nbytes for t in model.file.tensors.values())  # the file's weights, as llama-bench
     name = f"{model.file.get('general.name', str, 'model')} {model.file.tensor('blk.0.attn_q.weight').type.name}"
     backend = ",".join(d.name for d in model.runner.devices)
-    print("| model | size | backend | threads | test | t/s |\n|---|---:|---|---:|---:|---:|", flush=True)
+    as_json = args.output == "json"
+    if not as_json:
+        print("| model | size | backend | threads | test | t/s |\n|---|---:|---|---:|---:|---:|", flush=True)
     spread = 0.0
+    records = []
     for nt in threads:
         if nt is not None:
             model.runner.set_n_threads(nt)
@@ -75,8 +82,18 @@ def run(args: argparse.Namespace) -> int:
             tps = repetitions(model, kind, n, rng, args.repetitions)
             mean, std = statistics.fmean(tps), (statistics.stdev(tps) if len(tps) > 1 else 0.0)
             spread = max(spread, std / mean if mean else 0.0)
-            row = (name, f"{size / 2**20:.2f} MiB", backend, str(nt or "-"), f"{kind}{n}", f"{mean:.2f} ± {std:.2f}")
-            print("| " + " | ".join(row) + " |", flush=True)
+            if as_json:
+                used = nt or getattr(model.runner.backends[0], "n_threads", None)
+                records.append({"model_filename": str(model.file.path), "model_type": name, "model_size": size,
+                                "backends": backend, "n_threads": used,
+                                "n_prompt": n if kind == "pp" else 0, "n_gen": n if kind == "tg" else 0,
+                                "avg_ts": mean, "stddev_ts": std, "samples_ts": tps})
+            else:
+                row = (name, f"{size / 2**20:.2f} MiB", backend, str(nt or "-"), f"{kind}{n}",
+                       f"{mean:.2f} ± {std:.2f}")
+                print("| " + " | ".join(row) + " |", flush=True)
+    if as_json:
+        print(json.dumps(records, indent=2), flush=True)
     if spread > NOISY:
         _say_why_noisy(spread)
     if args.profile:

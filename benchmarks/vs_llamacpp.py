@@ -1,0 +1,116 @@
+"""ggx against llama.cpp on the same GGUF files, side by side: llama-bench and `ggx bench` run
+alternately, N rounds, and the medians and their ratio are printed per test.
+
+    python benchmarks/vs_llamacpp.py MODEL [MODEL ...] [--llama-bench PATH] [--rounds 3] [-t 2]
+
+Tests (as llama-bench defines them): pp512 (a 512-token prompt on an empty cache), tg128 (128
+tokens generated one by one), and the short prompts pp8 and pp37. Each round also starts both
+tools once for a single generated token (`-p 0 -n 1 -r 1`): the wall time of that run (loading the
+file, setting up, one token) and the peak resident memory of each process are reported as "start"
+and "peak RSS".
+
+llama-bench comes from `--llama-bench` or $LLAMA_BENCH. To build it (CPU only; ~5-10 minutes on
+two cores) from the llama.cpp sources, e.g. those vendored by the llama-cpp-python source
+distribution: `cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF
+-DBUILD_SHARED_LIBS=OFF && cmake --build build -j2 --target llama-bench llama-quantize`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TESTS = (("pp", 512), ("tg", 128), ("pp", 8), ("pp", 37))
+
+
+def _run(cmd: list[str]) -> tuple[str, float, int]:
+    """(stdout, wall seconds, peak RSS in bytes) of one process (its own, from os.wait4)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-2000:]}")
+    return out, wall, usage.ru_maxrss * 1024
+
+
+def _tests(records: list[dict]) -> dict[str, float]:
+    """test name -> tokens/s from a llama-bench / ggx bench JSON list."""
+    out = {}
+    for r in records:
+        name = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+        out[name] = float(r["avg_ts"])
+    return out
+
+
+def _json(text: str) -> list[dict]:
+    start = text.index("[")
+    return json.loads(text[start:])
+
+
+def _commands(tool: str, model: str, threads: int, reps: int, exe: str) -> tuple[list[str], list[str]]:
+    """(the timed run, the start-up run) of one tool."""
+    pp = ",".join(str(n) for k, n in TESTS if k == "pp")
+    tg = ",".join(str(n) for k, n in TESTS if k == "tg")
+    common = ["-t", str(threads), "-o", "json"]
+    if tool == "llama.cpp":
+        return ([exe, "-m", model, "-p", pp, "-n", tg, "-r", str(reps), *common],
+                [exe, "-m", model, "-p", "0", "-n", "1", "-r", "1", *common])
+    return ([exe, "bench", model, "-p", pp, "-n", tg, "-r", str(reps), *common],
+            [exe, "bench", model, "-p", "0", "-n", "1", "-r", "1", *common])
+
+
+def compare(model: str, llama_bench: str, ggx: str, rounds: int, threads: int, reps: int) -> None:
+    results: dict[str, dict[str, list[float]]] = {"llama.cpp": {}, "ggx": {}}
+    for rnd in range(rounds):
+        for tool, exe in (("llama.cpp", llama_bench), ("ggx", ggx)):
+            timed, start = _commands(tool, model, threads, reps, exe)
+            out, _, _ = _run(timed)
+            for name, tps in _tests(_json(out)).items():
+                results[tool].setdefault(name, []).append(tps)
+            _, wall, rss = _run(start)
+            results[tool].setdefault("start s", []).append(wall)
+            results[tool].setdefault("peak RSS MB", []).append(rss / 1e6)
+        print(f"  round {rnd + 1}/{rounds} done", file=sys.stderr, flush=True)
+    print(f"\n{Path(model).name}, {threads} threads, {rounds} rounds alternating (medians; ranges over rounds)")
+    print("| test | llama.cpp | ggx | ggx / llama.cpp |\n|---|---:|---:|---:|")
+    for name in [f"{k}{n}" for k, n in TESTS] + ["start s", "peak RSS MB"]:
+        a, b = results["llama.cpp"].get(name), results["ggx"].get(name)
+        if not a or not b:
+            continue
+        ma, mb = statistics.median(a), statistics.median(b)
+        per_round = [y / x for x, y in zip(a, b)]
+        unit = "" if name.startswith(("start", "peak")) else " t/s"
+        print(f"| {name} | {ma:.2f}{unit} ({min(a):.1f}-{max(a):.1f}) | {mb:.2f}{unit} ({min(b):.1f}-{max(b):.1f}) | "
+              f"{mb / ma:.2f}x ({min(per_round):.2f}-{max(per_round):.2f}) |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+", help="GGUF files (both tools read the same file)")
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"), help="llama-bench (default $LLAMA_BENCH)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions inside each tool's run")
+    args = ap.parse_args()
+    if not args.llama_bench or not Path(args.llama_bench).is_file():
+        ap.error("llama-bench not found: pass --llama-bench PATH or set LLAMA_BENCH (see this script's docstring)")
+    ggx = shutil.which("ggx", path=str(Path(sys.executable).parent)) or shutil.which("ggx")
+    if ggx is None:
+        ap.error("the ggx command is not installed next to this Python")
+    for model in args.models:
+        compare(model, args.llama_bench, ggx, args.rounds, args.threads, args.repetitions)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
