@@ -321,7 +321,7 @@ def _block(eng, fmt, T, w, t0, t1, qs, yd, ys, s4, ycol, direct, c0, nv, K, i, b
     """One K block of a gemm task, by the format's family."""
 
 
-@overload(_block)
+@overload(_block, inline="always")
 def _ol_block(eng, fmt, T, w, t0, t1, qs, yd, ys, s4, ycol, direct, c0, nv, K, i, bt, at, ct, si, acc):
     f = _block_k if fmt.block_size == 256 else _block_q
     return lambda eng, fmt, T, w, t0, t1, qs, yd, ys, s4, ycol, direct, c0, nv, K, i, bt, at, ct, si, acc: f(
@@ -484,7 +484,7 @@ def _gemv(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo):
     """16 rows . one activation row, by the format's family."""
 
 
-@overload(_gemv)
+@overload(_gemv, inline="always")
 def _ol_gemv(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo):
     f = {"q4_0": _gemv_q4, "q4_1": _gemv_q4, "q8_0": _gemv_q8, "q4_K": _gemv_q4_K, "q6_K": _gemv_q6_K}[fmt.family]
     return lambda isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo: f(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo)
@@ -508,43 +508,50 @@ def _tasks(cstart, n_blocks):
     return tg, tn, tm
 
 
+@njit(cache=True)
+def _run_tasks(isa, eng, fmt, w, wg, K, M, qs, yd, ys, s4, cstart, ycol, ocol, direct, cfg, out, tg, tn, tm, t0, t1):
+    """Tasks t0..t1 on this thread, with its own scratch and tile configuration. A matrix with one
+    column runs the gemv, others the tiles."""
+    nbk = K // _bs(fmt)
+    T = np.zeros(STATE_BYTES, np.uint8)  # the emulated engine's tile registers (unused by real AMX)
+    bt = np.zeros(1024, np.int8)  # two unpacked B tiles (Q6_K: rows 4-7 stay zero)
+    at = np.zeros(1024, np.int8)  # two gathered A tiles
+    ct = np.empty(4 * C_SLOT, np.int32)  # the four C tiles of a step
+    si = np.empty(4 * C_SLOT, np.int32)  # K-quants: scaled sums over a super-block
+    acc = np.empty(BLOCK * BLOCK, np.float32)  # [column][row] of the task
+    tile_begin(eng, T, cfg)
+    for task in range(t0, t1):
+        g, nb, mb = tg[task], tn[task], tm[task]
+        c0 = cstart[g] + BLOCK * mb
+        nv = min(BLOCK, cstart[g + 1] - c0)
+        base = wg[g] + 2 * nb * nbk * _tb(fmt)
+        if cstart[g + 1] - cstart[g] == 1:
+            oo = ocol[c0] * M + BLOCK * nb
+            _gemv(isa, fmt, w, base, qs, yd, ys, s4, ycol[c0], K, out, oo)
+            _gemv(isa, fmt, w, base + nbk * _tb(fmt), qs, yd, ys, s4, ycol[c0], K, out, oo + 16)
+            continue
+        acc[:] = 0.0
+        for i in range(nbk):
+            b0 = base + i * _tb(fmt)
+            _block(eng, fmt, T, w, b0, b0 + nbk * _tb(fmt), qs, yd, ys, s4, ycol, direct, c0, nv, K, i,
+                   bt, at, ct, si, acc)
+        for m in range(nv):
+            oo = ocol[c0 + m] * M + BLOCK * nb
+            for r in range(BLOCK):
+                out[oo + r] = acc[BLOCK * m + r]
+    tile_end(eng, T)
+
+
 @njit(cache=True, parallel=True)
 def amx_mm(isa, eng, fmt, w, wg, K, M, qs, yd, ys, s4, cstart, ycol, ocol, direct, cfg, out, nthreads):
     """MUL_MAT / MUL_MAT_ID on AMX-layout weights and quantized activations (module docstring):
-    one parallel region over `nthreads` contiguous chunks of tasks, each chunk with its own
-    scratch and tile configuration. A matrix with one column runs the gemv, others the tiles."""
-    nbk = K // _bs(fmt)
+    one parallel region over `nthreads` contiguous chunks of tasks."""
     tg, tn, tm = _tasks(cstart, M // BLOCK)
-    n_tasks = tg.shape[0]
-    nch = max(1, min(nthreads, n_tasks))
+    n = tg.shape[0]
+    nch = max(1, min(nthreads, n))
     for ch in prange(nch):
-        T = np.zeros(STATE_BYTES, np.uint8)  # the emulated engine's tile registers (unused by real AMX)
-        bt = np.zeros(1024, np.int8)  # two unpacked B tiles (Q6_K: rows 4-7 stay zero)
-        at = np.zeros(1024, np.int8)  # two gathered A tiles
-        ct = np.empty(4 * C_SLOT, np.int32)  # the four C tiles of a step
-        si = np.empty(4 * C_SLOT, np.int32)  # K-quants: scaled sums over a super-block
-        acc = np.empty(BLOCK * BLOCK, np.float32)  # [column][row] of the task
-        tile_begin(eng, T, cfg)
-        for task in range(ch * n_tasks // nch, (ch + 1) * n_tasks // nch):
-            g, nb, mb = tg[task], tn[task], tm[task]
-            c0 = cstart[g] + BLOCK * mb
-            nv = min(BLOCK, cstart[g + 1] - c0)
-            base = wg[g] + 2 * nb * nbk * _tb(fmt)
-            if cstart[g + 1] - cstart[g] == 1:
-                oo = ocol[c0] * M + BLOCK * nb
-                _gemv(isa, fmt, w, base, qs, yd, ys, s4, ycol[c0], K, out, oo)
-                _gemv(isa, fmt, w, base + nbk * _tb(fmt), qs, yd, ys, s4, ycol[c0], K, out, oo + 16)
-                continue
-            acc[:] = 0.0
-            for i in range(nbk):
-                t0 = base + i * _tb(fmt)
-                _block(eng, fmt, T, w, t0, t0 + nbk * _tb(fmt), qs, yd, ys, s4, ycol, direct, c0, nv, K, i,
-                       bt, at, ct, si, acc)
-            for m in range(nv):
-                oo = ocol[c0 + m] * M + BLOCK * nb
-                for r in range(BLOCK):
-                    out[oo + r] = acc[BLOCK * m + r]
-        tile_end(eng, T)
+        _run_tasks(isa, eng, fmt, w, wg, K, M, qs, yd, ys, s4, cstart, ycol, ocol, direct, cfg, out, tg, tn, tm,
+                   ch * n // nch, (ch + 1) * n // nch)
 
 
 __all__ = ["amx_mm", "FormatType", "BLOCK"]
