@@ -96,7 +96,7 @@ def ggx_backend_reg():
 def ggx_extra_buffer_types(device):
     return [(20, FakeExtra("REPACK"))] if device.type == DeviceType.CPU else None
 """),
-    "amx": ("ggx-t-amx", "0.3", HEADER + """
+    "tamx": ("ggx-t-amx", "0.3", HEADER + """
 @hookimpl
 def ggx_extra_buffer_types(device):
     return [(10, FakeExtra("AMX"))] if device.type == DeviceType.CPU else []
@@ -187,7 +187,7 @@ def test_good_plugin_loads_through_its_entry_point():
     dev = registry.get_device("GOOD_CPU")  # case-insensitive
     assert dev.name == "good_cpu" and registry.reg_of(dev) is info.reg
     assert dev.reg is None  # the registry keeps its own mapping: plugin objects are not modified
-    amx = by_name(registry.plugins(), "amx")
+    amx = by_name(registry.plugins(), "tamx")
     assert amx.status == "loaded" and amx.reg is None  # extra-buffer-type-only plugin
 
 
@@ -221,7 +221,7 @@ def test_all_failures_at_once_leave_the_good_plugin_working():
     # plugins installed in the environment (ggx-cpu, ...) are listed as disabled by GGX_PLUGINS
     statuses = {p.name: p.status for p in registry.plugins() if p.status != "disabled"}
     assert statuses == {
-        "good": "loaded", "amx": "loaded", "broken": "failed", "raises": "failed", "wrongtype": "failed",
+        "good": "loaded", "tamx": "loaded", "broken": "failed", "raises": "failed", "wrongtype": "failed",
         "oldapi": "failed", "ref": "loaded"}
 
 
@@ -261,13 +261,13 @@ def test_allow_list_by_distribution_name(monkeypatch):
     assert statuses["good"] == "loaded"
     assert all(statuses[n] == "disabled" for n in PLUGINS if n != "good")
     assert "ggx_t_broken" not in sys.modules and "ggx_t_raises" not in sys.modules
-    assert by_name(registry.plugins(), "amx").reason == "not listed in GGX_PLUGINS"
+    assert by_name(registry.plugins(), "tamx").reason == "not listed in GGX_PLUGINS"
 
 
 def test_disable_list_and_force_reload(monkeypatch):
     monkeypatch.setenv("GGX_DISABLE_PLUGINS", "ggx-t-good, raises")
     statuses = {p.name: p.status for p in registry.plugins()}
-    assert statuses["good"] == "disabled" and statuses["raises"] == "disabled" and statuses["amx"] == "loaded"
+    assert statuses["good"] == "disabled" and statuses["raises"] == "disabled" and statuses["tamx"] == "loaded"
     assert "ggx_t_raises" not in sys.modules
     assert names(registry.devices()) == ["ref"]
     # env vars are read at load time: a forced reload sees the change
@@ -378,7 +378,7 @@ def test_dev_get_extra_bufts_default_answers_the_devices_own_list():
     ("return [(1.5, None)]", "expected (int priority, ggx.backend.ExtraBufferType)"),
 ])
 def test_extra_buffer_type_hook_failure_is_recorded(answer, reason, monkeypatch):
-    monkeypatch.setenv("GGX_PLUGINS", "good,amx")
+    monkeypatch.setenv("GGX_PLUGINS", "good,tamx")
     ns: dict = {}
     exec(f"def ggx_extra_buffer_types(device):\n    {answer}\n", ns)
     mod = types.ModuleType("bad_extra")
