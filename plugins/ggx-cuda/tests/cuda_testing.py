@@ -604,16 +604,17 @@ class HostBuild:
         self.launchers = {}
         for i, e in enumerate(NAME_EXPRESSIONS[source]):
             fn = getattr(lib, f"hc_launch_{i}")
-            fn.argtypes = [ctypes.c_uint] * 6 + [ctypes.POINTER(ctypes.c_ulonglong)]
+            fn.argtypes = [ctypes.c_uint] * 7 + [ctypes.POINTER(ctypes.c_ulonglong)]
             fn.restype = None
             self.launchers[e] = fn
 
-    def run(self, launch: KernelLaunch, mem: Memory | None = None) -> None:
-        """Run the launch's kernel (its arguments checked against the signature); with `mem`,
-        check the guards of its regions afterwards."""
+    def run(self, launch: KernelLaunch, mem: Memory | None = None, device: DeviceInfo = H100) -> None:
+        """Run the launch's kernel (its arguments checked against the signature) as compiled for
+        `device`'s architecture; with `mem`, check the guards of its regions afterwards."""
         bind(launch)
+        self.lib.hc_set_arch(100 * device.cc[0] + 10 * device.cc[1])
         slots = (ctypes.c_ulonglong * max(1, len(launch.args)))(*[_slot(v) for v in launch.args])
-        self.launchers[launch.kernel.name](*launch.grid, *launch.block, slots)
+        self.launchers[launch.kernel.name](*launch.grid, *launch.block, launch.shared, slots)
         if mem is not None:
             mem.check_guards()
 
@@ -633,7 +634,8 @@ def host_build(source: str) -> HostBuild | None:
         return None
     wrappers = "\n".join(
         f'extern "C" void hc_launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
-        f'unsigned bz, const unsigned long long * s) {{ hc_launch(&{e}, dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, s); }}'
+        f'unsigned bz, unsigned sh, const unsigned long long * s) {{ hc_launch(&{e}, dim3{{gx, gy, gz}}, '
+        f'dim3{{bx, by, bz}}, sh, s); }}'
         for i, e in enumerate(NAME_EXPRESSIONS[source]))
     probe = ""
     if "common.cuh" in includes(source_text(source)):
@@ -684,7 +686,7 @@ def run_launches(launches: Iterable, ctx: StubCtx, host: bool = False) -> None:
                 if type(v) is np.uint64 and int(v):
                     ctx.mem.region(int(v))
             if host:
-                host_build(launch.kernel.source).run(launch, ctx.mem)
+                host_build(launch.kernel.source).run(launch, ctx.mem, ctx.device)
             else:
                 MODELS[launch.kernel.name.split("<")[0]](launch, a, ctx)
 

@@ -139,8 +139,10 @@ static inline void hc_arrive(hc_barrier & b) {
 
 static inline void __syncthreads() { hc_arrive(hc_block_bar); }
 
+// the flat index of the running thread is its fiber's (x fastest, then y, z): warps are 32
+// consecutive flat indices, as in CUDA
 static inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width = 32) {
-    const int t = (int) threadIdx.x;
+    const int t = hc_cur;
     hc_shfl[t] = v;
     hc_arrive(hc_warp_bars[t / 32]);
     const int src = (t & ~(width - 1)) | ((t ^ lane_mask) & (width - 1));
@@ -148,6 +150,52 @@ static inline float __shfl_xor_sync(unsigned, float v, int lane_mask, int width 
     hc_arrive(hc_warp_bars[t / 32]);
     return r;
 }
+
+// The host twin of mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 (D += A B, int8 in, int32 out)
+// with PTX's fragment layout, lane = 4 g + c (g = lane / 4, c = lane % 4): a0 holds A[g][4c..4c+3],
+// a1 A[g + 8][4c..4c+3] (A 16 x 16, row-major bytes), b0 B[4c..4c+3][g] (B 16 x 8, k-major),
+// d0, d1 D[g][2c], D[g][2c + 1] and d2, d3 the same columns of row g + 8.
+static std::vector<int> hc_mma_regs;
+
+static inline void hc_mma_m16n8k16_s8(int & d0, int & d1, int & d2, int & d3, int a0, int a1, int b0) {
+    const int t = hc_cur;
+    const int lane = t % 32;
+    const int base = t - lane;
+    hc_mma_regs[3 * t] = a0;
+    hc_mma_regs[3 * t + 1] = a1;
+    hc_mma_regs[3 * t + 2] = b0;
+    hc_arrive(hc_warp_bars[t / 32]);
+    auto A = [&](int i, int k) {  // A[i][k]
+        const int reg = hc_mma_regs[3 * (base + 4 * (i % 8) + k / 4) + (i < 8 ? 0 : 1)];
+        return (int) (signed char) (reg >> (8 * (k % 4)));
+    };
+    auto B = [&](int k, int n) {  // B[k][n]
+        return (int) (signed char) (hc_mma_regs[3 * (base + 4 * n + k / 4) + 2] >> (8 * (k % 4)));
+    };
+    int * d[4] = {&d0, &d1, &d2, &d3};
+    for (int e = 0; e < 4; ++e) {
+        const int i = lane / 4 + 8 * (e / 2);
+        const int n = 2 * (lane % 4) + e % 2;
+        int sum = 0;
+        for (int k = 0; k < 16; ++k) {
+            sum += A(i, k) * B(k, n);
+        }
+        *d[e] += sum;
+    }
+    hc_arrive(hc_warp_bars[t / 32]);
+}
+
+// the compute capability (ggml's 100 major + 10 minor) the host build emulates where a kernel's
+// code depends on the architecture it is compiled for (set per launch by the test harness)
+static int hc_cuda_arch = 900;
+
+extern "C" void hc_set_arch(int cc) { hc_cuda_arch = cc; }
+
+// dynamic shared memory (extern __shared__): one buffer of the launch's size, reused by the blocks
+// in turn, filled with 0xCD before the launch (no block sees zeros it did not write)
+static std::vector<unsigned char> hc_dynamic;
+
+static inline void * hc_dynamic_shared() { return hc_dynamic.data(); }
 
 static void hc_entry(int i) {
     hc_body(hc_body_arg);
@@ -163,6 +211,7 @@ static void hc_run(dim3 grid, dim3 block, void (*body)(void *), void * arg) {
     hc_body_arg = arg;
     hc_fibers.assign(n, hc_fiber{});
     hc_shfl.assign(n, 0.0f);
+    hc_mma_regs.assign(3 * n, 0);
     while ((int) hc_stacks.size() < n) {
         hc_stacks.emplace_back(new char[hc_stack_size]);
     }
@@ -218,7 +267,8 @@ template <class... P> struct hc_call {
 };
 
 template <class... P>
-static void hc_launch(void (*f)(P...), dim3 grid, dim3 block, const unsigned long long * slots) {
+static void hc_launch(void (*f)(P...), dim3 grid, dim3 block, unsigned shared, const unsigned long long * slots) {
     hc_call<P...> c{f, slots};
+    hc_dynamic.assign(shared, 0xCD);
     hc_run(grid, block, &hc_call<P...>::run, &c);
 }

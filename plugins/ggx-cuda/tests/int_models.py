@@ -1,13 +1,15 @@
-"""numpy models of the integer-product kernels (quantize.cu, mmvq.cu), for cuda_testing's MODELS:
-each executes a planned launch from its arguments bound by parameter name.
+"""numpy models of the integer-product kernels (quantize.cu, mmvq.cu, mmq.cu), for cuda_testing's
+MODELS: each executes a planned launch from its arguments bound by parameter name.
 
 * the quantizers reproduce the kernels' recipes bit for bit (the warp's butterfly sum included),
   so a host run of the .cu source must equal them byte for byte;
 * the products are float64 over the exact integer dot products: the weights dequantized as gguf
-  does, the activations as q * d with their f16 d; where a kernel multiplies a weight's offset or
-  min by the block's stored f16 sum s instead of d * sum(q) (MMVQ: Q4_0, Q4_1, Q5_0; MMVQ's Q4_K /
-  Q5_K sum the quants, as ggml's vec_dot_q4_K_q8_1_impl_vmmq does), the model does too. So a kernel
-  run differs from its model only by float32 rounding.
+  does, the activations as q * d with their f16 d (MMQ: float d); where a kernel multiplies a
+  weight's offset or min by the block's stored f16 sum s instead of d * sum(q) (MMVQ: Q4_0, Q4_1,
+  Q5_0; MMQ: the DS4 types, Q4_K / Q5_K included; MMVQ's Q4_K / Q5_K sum the quants, as ggml's
+  vec_dot_q4_K_q8_1_impl_vmmq does), the model does too. So a kernel run differs from its model
+  only by float32 rounding. The MMQ model splits the work over the grid's blocks as the kernel's
+  stream-K loop does, partial tiles into the fixup buffer, and the fixup model adds them.
 """
 from __future__ import annotations
 
@@ -21,9 +23,12 @@ F32 = np.float32
 Q8_1 = np.dtype([("d", "<u2"), ("s", "<u2"), ("qs", "i1", 32)])
 Q8_1_MMQ = np.dtype([("ds", "<u4", 4), ("qs", "i1", 128)])
 
-#: the weight type of each MMVQ dot-product struct
+#: the weight type of each MMVQ dot-product struct and MMQ loader
 MMVQ_TYPES = {"mmvq_q4_0": GType.Q4_0, "mmvq_q4_1": GType.Q4_1, "mmvq_q5_0": GType.Q5_0, "mmvq_q8_0": GType.Q8_0,
               "mmvq_q4_K": GType.Q4_K, "mmvq_q5_K": GType.Q5_K, "mmvq_q6_K": GType.Q6_K}
+MMQ_TYPES = {k.replace("mmvq", "mmq"): t for k, t in MMVQ_TYPES.items()}
+MMQ_DS4 = (GType.Q4_0, GType.Q4_1, GType.Q4_K, GType.Q5_K)
+MMQ_I, ITER_K = 128, 256
 
 
 # --- activations -----------------------------------------------------------------------------------
@@ -160,4 +165,135 @@ def model_mmvq(launch, a: dict, ctx) -> None:
                 mem.view(base + j * int(a["stride_col_dst"]) * 4, (nrows,), (4,), F32)[:] = out[j]
 
 
-MODELS = {"k_quantize_q8_1": model_quantize_q8_1, "k_quantize_mmq": model_quantize_mmq, "k_mul_mat_vec_q": model_mmvq}
+# --- running a product both ways ---------------------------------------------------------------------
+def _fill(sc, node, rng) -> None:
+    """Random weight blocks (every field's bits, finite f16 scales) and activations with a zero
+    group and a tiny one."""
+    a, b = node.src
+    nblocks = a.nelements // a.type.block_size
+    sc.mem.view(sc.ptr(a), (a.nbytes,), (1,), np.uint8)[:] = ct.random_blocks(rng, a.type, nblocks).reshape(-1)
+    x = rng.standard_normal(tuple(reversed(b.ne))).astype(np.float32)
+    x[..., :32] = 0  # a zero group: d = 0, q = 0
+    x[..., 32:64] *= np.float32(1e-3)
+    sc.array(b, np.float32)[:] = x
+
+
+def reference(node, sc) -> np.ndarray:
+    """The float64 product of the node's weights (dequantized) and activations in sc's memory: what
+    the kernels approximate with 8-bit activations, computed without splitting anything."""
+    a, b = node.src
+    K, M = a.ne[:2]
+    raw = sc.mem.view(sc.ptr(a), (a.nbytes,), (1,), np.uint8)
+    w = dequantize(raw.copy(), a.type, a.nelements).astype(np.float64).reshape(a.ne[3], a.ne[2], M, K)
+    x = sc.array(b, np.float32).astype(np.float64)  # [B3, B2, N, K]
+    w = np.repeat(np.repeat(w, b.ne[3] // a.ne[3], axis=0), b.ne[2] // a.ne[2], axis=1)
+    return x @ np.swapaxes(w, -1, -2)
+
+
+def run_host_and_model(node, device=ct.H100, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A MUL_MAT node's planned launches on the host-built kernels, then on the models, over the same
+    inputs (the quantized activations must be equal byte for byte): (host out, model out). Both
+    must also be the plain product (`reference`) up to the activations' 8-bit rounding (NMSE 5e-4,
+    ggml's bound for it): so a split of the work that loses or repeats a part cannot pass."""
+    from ggx_cuda.ops import matmul
+
+    sc = ct.StubCtx(device)
+    _fill(sc, node, np.random.default_rng(seed))
+    launches = matmul.plan_mul_mat(node, sc)
+    y, y_bytes = sc.scratches[0]
+    outs, ys = [], []
+    for host in (True, False):
+        ct.run_launches(launches[:1], sc, host)
+        ys.append(sc.mem.view(y, (y_bytes,), (1,), np.uint8).copy())
+        ct.run_launches(launches[1:], sc, host)
+        outs.append(sc.array(node, np.float32).copy())
+    assert np.array_equal(ys[0], ys[1]), f"{launches[0].kernel.name} differs from its model"
+    ref = reference(node, sc)
+    for out in outs:
+        nmse = float(((out - ref) ** 2).sum() / (ref**2).sum())
+        assert nmse < 5e-4, f"NMSE {nmse} against the plain product"
+    return outs[0], outs[1]
+
+
+def _stream_k_ranges(total: int, nblocks: int):
+    """Each block's units [start, stop) of the stream-K split."""
+    return [(b * total // nblocks, (b + 1) * total // nblocks) for b in range(nblocks)]
+
+
+def model_mmq(launch, a: dict, ctx) -> None:
+    name, jmax = ct._template_args(launch.kernel.name)
+    gtype, jmax = MMQ_TYPES[name], int(jmax)
+    J, K, nrows, ncols = (int(a[x]) for x in ("J", "K", "nrows", "ncols"))
+    nty, ntx, ne12, total = int(a["nty"]), int(a["ntx"]), int(a["ne12"]), int(a["total"])
+    assert launch.block == (32, 8, 1) and J % 8 == 0 and J <= jmax and launch.shared >= 4 * (MMQ_I * 94 + J * 84)
+    ipt = (K + ITER_K - 1) // ITER_K
+    nkb = 2 * ipt
+    assert total == nty * ntx * (total // (nty * ntx * ipt)) * ipt
+    mem, ts, bs = ctx.mem, gtype.type_size, gtype.block_size
+    ds4 = gtype in MMQ_DS4
+    for b, (start, stop) in enumerate(_stream_k_ranges(total, launch.grid[0])):
+        kbc = start
+        while kbc < stop:
+            tile, k0 = divmod(kbc, ipt)
+            k1 = min(ipt, k0 + stop - kbc)
+            row0, col0, z = tile % nty * MMQ_I, tile // nty % ntx * J, tile // (nty * ntx)
+            i2, i3 = z % ne12, z // ne12
+            xs = (int(a["x"]) + i3 // int(a["sample_ratio"]) * int(a["stride_sample_x"])
+                  + i2 // int(a["channel_ratio"]) * int(a["stride_channel_x"]))
+            rows = [min(row0 + i, nrows - 1) for i in range(MMQ_I)]
+            cols = [c for c in range(col0, col0 + J) if c < ncols]
+            part = np.zeros((J, MMQ_I))
+            for it in range(k0, k1):
+                kk = min(ITER_K, K - it * ITER_K)  # values of this slice
+                off = it * ITER_K // bs * ts
+                raw = np.stack([mem.view(xs + r * int(a["stride_row_x"]) + off, (kk // bs * ts,), (1,), np.uint8)
+                                for r in rows])
+                blocks = mem.view(int(a["y"]) + ((z * nkb + 2 * it) * ncols) * 144, (2 * ncols * 144,), (1,),
+                                  np.uint8).view(Q8_1_MMQ).reshape(2, ncols)[:, cols]
+                yq = blocks["qs"].transpose(1, 0, 2).reshape(len(cols), 256)[:, :kk]
+                ds = blocks["ds"].transpose(1, 0, 2).reshape(len(cols), 8)[:, :kk // 32]
+                if ds4:
+                    yd = (ds & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
+                    ysum = (ds >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
+                else:
+                    yd, ysum = ds.view(F32).astype(np.float64), None
+                part[:len(cols)] += product(raw, gtype, yq, yd, ysum)
+            if k1 == ipt:
+                out = int(a["dst"]) + (i3 * int(a["stride_sample_dst"]) + i2 * int(a["stride_channel_dst"])) * 4
+                for j, c in enumerate(cols):
+                    n = min(MMQ_I, nrows - row0)
+                    mem.view(out + (c * int(a["stride_col_dst"]) + row0) * 4, (n,), (4,), F32)[:] = part[j, :n]
+            else:
+                mem.view(int(a["fixup"]) + b * MMQ_I * J * 4, (J, MMQ_I), (MMQ_I * 4, 4), F32)[:] = part
+            kbc += k1 - k0
+
+
+def model_mmq_fixup(launch, a: dict, ctx) -> None:
+    K, J, nrows, ncols = (int(a[x]) for x in ("K", "J", "nrows", "ncols"))
+    nty, ntx, ne12, total = int(a["nty"]), int(a["ntx"]), int(a["ne12"]), int(a["total"])
+    ipt = (K + ITER_K - 1) // ITER_K
+    ranges = _stream_k_ranges(total, launch.grid[0])
+    for b, (start, stop) in enumerate(ranges):
+        tile = start // ipt
+        if start == stop or start % ipt == 0 or stop < (tile + 1) * ipt:
+            continue
+        acc = np.zeros((J, MMQ_I), F32)
+        for bp in range(b - 1, -1, -1):
+            s0, s1 = ranges[bp]
+            if s0 == s1:
+                continue
+            if (s1 - 1) // ipt != tile:
+                break
+            acc += ctx.mem.view(int(a["fixup"]) + bp * MMQ_I * J * 4, (J, MMQ_I), (MMQ_I * 4, 4), F32)
+            if s0 <= tile * ipt:
+                break
+        row0, col0, z = tile % nty * MMQ_I, tile // nty % ntx * J, tile // (nty * ntx)
+        plane = (z // ne12) * int(a["stride_sample_dst"]) + (z % ne12) * int(a["stride_channel_dst"])
+        out = int(a["dst"]) + 4 * plane
+        n = min(MMQ_I, nrows - row0)
+        for j in range(min(J, ncols - col0)):
+            ctx.mem.view(out + ((col0 + j) * int(a["stride_col_dst"]) + row0) * 4, (n,), (4,), F32)[:] += acc[j, :n]
+
+
+MODELS = {"k_quantize_q8_1": model_quantize_q8_1, "k_quantize_mmq": model_quantize_mmq, "k_mul_mat_vec_q": model_mmvq,
+          "k_mul_mat_q": model_mmq, "k_mmq_fixup": model_mmq_fixup}

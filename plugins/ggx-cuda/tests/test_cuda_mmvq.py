@@ -136,40 +136,13 @@ def test_launches():
 
 
 # --- the kernels, compiled for the host, against their models -----------------------------------
-def _fill(sc, node, rng):
-    a, b = node.src
-    nblocks = a.nelements // a.type.block_size
-    sc.mem.view(sc.ptr(a), (a.nbytes,), (1,), np.uint8)[:] = ct.random_blocks(rng, a.type, nblocks).reshape(-1)
-    x = rng.standard_normal(tuple(reversed(b.ne))).astype(np.float32)
-    x[..., :32] = 0  # a zero group: d = 0, q = 0
-    x[..., 32:64] *= np.float32(1e-3)
-    sc.array(b, np.float32)[:] = x
-
-
-def run_host_and_model(node, device=ct.H100, seed=0):
-    """The planned launches on the host-built kernels, then on the models, over the same inputs;
-    the quantized activations must be equal byte for byte. Returns (host out, model out, |terms|)."""
-    sc = ct.StubCtx(device)
-    _fill(sc, node, np.random.default_rng(seed))
-    launches = matmul.plan_mul_mat(node, sc)
-    (y, y_bytes), = sc.scratches
-    outs, ys = [], []
-    for host in (True, False):
-        ct.run_launches(launches[:1], sc, host)
-        ys.append(sc.mem.view(y, (y_bytes,), (1,), np.uint8).copy())
-        ct.run_launches(launches[1:], sc, host)
-        outs.append(sc.array(node, np.float32).copy())
-    assert np.array_equal(ys[0], ys[1]), "k_quantize_q8_1 differs from its model"
-    return outs[0], outs[1]
-
-
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("N,K", [(1, 1024), (1, 4096), (3, 512), (8, 256)])
 def test_kernel_matches_model_on_random_blocks(t, N, K, host_cc):
     """Random bytes in every block field: the packed-quant arithmetic of each type (nibbles, fifth
     bits, 6-bit scales, Q6_K's -32) against dequantize. K = 1024 takes the small_k rows per warp."""
     node = _node(t, K, 37, N, (1, 1), (2, 1) if N == 3 else (1, 1))
-    got, want = run_host_and_model(node)
+    got, want = int_models.run_host_and_model(node)
     scale = np.abs(want).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * scale)
 
@@ -178,7 +151,7 @@ def test_kernel_matches_model_on_random_blocks(t, N, K, host_cc):
 def test_turing_table_matches_model(t, host_cc):
     """The two-warp instances of the Turing table (one column, K-quants), small_k on and off."""
     for K in (256, 2048):
-        got, want = run_host_and_model(_node(t, K, 5, 1), TURING)
+        got, want = int_models.run_host_and_model(_node(t, K, 5, 1), TURING)
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 

@@ -2,7 +2,8 @@
 simple MUL_MAT_ID), kernels in kernels/dequant.cu.
 
 `mul_mat_path` is ggml_cuda_mul_mat's order: MMVQ (ops/mmvq.py) for quantized weights when
-ggml_cuda_should_use_mmvq says so, else the cuBLAS path below.
+ggml_cuda_should_use_mmvq says so, else MMQ (ops/mmq.py) when ggml_cuda_should_use_mmq does, else
+the cuBLAS path below.
 
 MUL_MAT out[m, n, i2, i3] = sum_k a[k, m, i2 / r2, i3 / r3] * b[k, n, i2, i3] (r2 = B2 / A2,
 r3 = B3 / A3) goes to cuBLAS as C = A^T B per plane, A = a's rows (column-major [k, m], lda =
@@ -39,7 +40,7 @@ from ggx.types import GType
 from .. import arch
 from ..driver import DeviceInfo, GemmLaunch, Kernel, KernelLaunch, Launch
 from ..kernels import names
-from . import PlanContext, mmvq, register
+from . import PlanContext, mmq, mmvq, register
 
 SOURCE = "dequant.cu"
 
@@ -201,7 +202,8 @@ def gemm_launches(a: int, b: int, c: int, m: int, n: int, k: int, lda: int, ldb:
 
 def mul_mat_path(node: Tensor, device: DeviceInfo) -> str:
     """ggml_cuda_mul_mat's choice for a supported node: "mmvq" (quantized weights, few columns),
-    or "cublas", the fallback for what the integer kernels do not take."""
+    "mmq" (quantized weights, more columns), or "cublas", the fallback for what the integer
+    kernels do not take."""
     a, b = node.src
     if node.nelements == 0 or a.ne[0] == 0:
         return "cublas"
@@ -210,12 +212,18 @@ def mul_mat_path(node: Tensor, device: DeviceInfo) -> str:
         return "cublas"
     if mmvq.supports(node) and mmvq.should_use_mmvq(a.type, cc, b.ne[1]):
         return "mmvq"
+    if (mmq.supports(node) and mmq.should_use_mmq(a.type, cc, b.ne[1], 0, device.smem_per_block_optin)
+            and mmq.best_j(a.type, b.ne[1], a.ne[1] % mmq.I != 0, cc, device.smem_per_block_optin)):
+        return "mmq"
     return "cublas"
 
 
 def plan_mul_mat(node: Tensor, ctx: PlanContext) -> list[Launch]:
-    if mul_mat_path(node, ctx.device) == "mmvq":
+    path = mul_mat_path(node, ctx.device)
+    if path == "mmvq":
         return mmvq.plan(node, ctx)
+    if path == "mmq":
+        return mmq.plan(node, ctx)
     return plan_cublas(node, ctx)
 
 
