@@ -163,6 +163,8 @@ class Driver(ABC):
 
 # --------------------------------------------------------------------------------------------
 KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
+#: dynamic shared memory a launch may take without opting in (per block)
+STATIC_SMEM_LIMIT = 48 * 1024
 #: NVRTC options of every kernel source (the tests compile with them too): the sources include
 #: their shared header (kernels/common.cuh) from the kernels folder
 NVRTC_OPTIONS = ("-std=c++17", "-I" + KERNEL_DIR)
@@ -189,6 +191,7 @@ class CupyDriver(Driver):
     def __init__(self) -> None:
         self._modules: dict[str, Any] = {}
         self._names: dict[str, set[str]] = {}
+        self._dynamic_smem: dict[Kernel, int] = {}  # the opt-in limit set on each function so far
 
     @staticmethod
     @functools.cache
@@ -303,7 +306,17 @@ class CupyDriver(Driver):
                 self._gemm(stream, launch)
             else:
                 f = self._function(launch.kernel)
+                if launch.shared > self._dynamic_smem.get(launch.kernel, STATIC_SMEM_LIMIT):
+                    self._opt_in_smem(f, launch)
                 f(launch.grid, launch.block, launch.args, shared_mem=launch.shared, stream=stream)
+
+    def _opt_in_smem(self, f: Any, launch: KernelLaunch) -> None:
+        """Dynamic shared memory past 48 KiB (MMQ's tiles) must be opted into per function
+        (ggml's CUDA_SET_SHARED_MEMORY_LIMIT)."""
+        from cupy_backends.cuda.api import driver as cu
+
+        cu.funcSetAttribute(f.ptr, cu.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared)
+        self._dynamic_smem[launch.kernel] = launch.shared
 
     def _gemm(self, stream: Any, g: GemmLaunch) -> None:
         """cublasGemmStridedBatchedEx with F32 accumulation (CUBLAS_COMPUTE_32F)."""
