@@ -298,19 +298,20 @@ def _mul_mat_tiles(lay: Layout, n: int, K: int) -> tuple[np.ndarray, np.ndarray,
 def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray, n_threads: int) -> Launch:
     """One compiled call that quantizes the activations x [n, K], then runs a parallel kernel over
     (matrix, row group) into out: `tiles.tile_mm` (register tiles) where the ISA variant has it
-    for this layout and some matrix multiplies more than one column, else `kernels.repack_mm`."""
+    for this layout and some matrix multiplies more than one column (or repack_mm has no kernel
+    for the layout), else `kernels.repack_mm` (its register gemv)."""
     import numba
 
     from ggx_cpu.extension import launch, select, token
 
-    from .kernels import repack_mm
+    from .kernels import repack_mm, runs_in_repack_mm
     from .tiles import has_tiles, tile_plan
 
     K, M = op.src[0].ne[0], op.src[0].ne[1]
     wg, cstart, ycol, ocol = _columns(op, lay)
     n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
     nbk = K // lay.block_size
-    if has_tiles(lay.name, select(), M) and np.max(np.diff(cstart)) > 1:
+    if has_tiles(lay.name, select(), M) and (np.max(np.diff(cstart)) > 1 or not runs_in_repack_mm(lay)):
         if op.op is Op.MUL_MAT:
             tiles, tstart, n_ya, n_sc = _mul_mat_tiles(lay, len(ycol), K)
         else:

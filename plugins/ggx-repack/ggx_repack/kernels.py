@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit, prange
 from numba.extending import overload
 
+from ggx.types import GType
 from ggx_cpu.extension import (
     TokenType,
     add_f32x8,
@@ -491,6 +492,11 @@ def _ol_gemv(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, 
         return lambda isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows: None
     return lambda isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows: f(
         isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows)
+
+
+def runs_in_repack_mm(lay: Layout) -> bool:
+    """Whether `repack_mm` has kernels for the layout (q6_K_8x8 has only `tiles.tile_mm`)."""
+    return lay.gtype is not GType.Q6_K
 
 
 @token_constant

@@ -24,6 +24,8 @@ Group-block headers (little-endian, scales in row order r = 0..N-1):
   q5_0_8x8  d[N] f16, 8 fifth-bit planes of 4 B (`q5_planes`)     quants 16 B per row
   q8_0_4x4  d[N] f16                                              quants 32 B per row
   q4_K_8x8  d[N] f16, dmin[N] f16, sc[8][N] u8, mn[8][N] u8       quants 128 B per row
+  q6_K_8x8  d[N] f16, sc[16][N] i8                                ql 128 B per row, then qh 64 B
+                                                                  per row, each interleaved
 The Q4_K header holds the 6-bit sub-block scales and mins already decoded (ggml keeps them
 packed): 32 bytes more per group block (+2.8 %), so `get_alloc_size` exceeds nbytes, and the
 kernels load the eight rows' scales of a sub-block with one 8-byte load instead of decoding.
@@ -35,6 +37,13 @@ unmasked and folds the -8 into the accumulator's start value, and keeps ggml's 0
 NEON-style 4x4 / 4x8 groupings (byte-identical with ggml's block_q4_0x4 there; the x86
 kernels undo it with one xor per 32 bytes). For Q8_0 the mask 0x80 saves work on x86: w ^ 0x80
 = w + 128 is unsigned, so vpdpbusd takes the weights as they are (no per-load sign fix-up).
+
+Q6_K keeps ggml's two quant arrays apart, each interleaved by 8 bytes: 64 bytes of ql (8 rows x
+bytes 8c..8c+7, 16 such chunks) hold the low 4 bits of a row's values 8c'..8c'+7 (low nibbles)
+and 64 + 8c'..+7 (high nibbles) of half c // 8 (c' = c % 8); 64 bytes of qh (8 rows x bytes 8h..8h+7,
+8 chunks) their two high bits (ggml's value order: qh byte l of a half holds values l, l + 32,
+l + 64, l + 96 in bits 0-1, 2-3, 4-5, 6-7). Only the AVX-512 VNNI tile kernel reads it
+(`ISA_ONLY`).
 """
 from __future__ import annotations
 
@@ -66,14 +75,15 @@ class Layout:
     @property
     def quant_bytes(self) -> int:
         """Quant bytes of one row in one block."""
-        return {GType.Q4_0: 16, GType.Q4_1: 16, GType.Q5_0: 16, GType.Q8_0: 32, GType.Q4_K: 128}[self.gtype]
+        return {GType.Q4_0: 16, GType.Q4_1: 16, GType.Q5_0: 16, GType.Q8_0: 32, GType.Q4_K: 128,
+                GType.Q6_K: 192}[self.gtype]
 
     @property
     def head_bytes(self) -> int:
         """Header bytes of one group block (scales and the like)."""
         n = self.nrows
         return {GType.Q4_0: 2 * n, GType.Q4_1: 4 * n, GType.Q5_0: 6 * n, GType.Q8_0: 2 * n,
-                GType.Q4_K: 4 * n + 16 * n}[self.gtype]
+                GType.Q4_K: 4 * n + 16 * n, GType.Q6_K: 2 * n + 16 * n}[self.gtype]
 
     @functools.cached_property
     def group_bytes(self) -> int:
@@ -102,7 +112,16 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
     Layout("q5_0_8x8", GType.Q5_0, 8, 8, 0x00),
     Layout("q8_0_4x4", GType.Q8_0, 4, 4, 0x80),
     Layout("q4_K_8x8", GType.Q4_K, 8, 8, 0x00),
+    Layout("q6_K_8x8", GType.Q6_K, 8, 8, 0x00),
 )}
+
+#: layouts only some ISA variants compute (no kernel of `kernels.repack_mm` reads them)
+ISA_ONLY: dict[str, tuple[str, ...]] = {"q6_K_8x8": ("avx512_vnni",)}
+
+
+def runs_on(lay: Layout, isa: str) -> bool:
+    """Whether ISA variant `isa` has kernels for layout `lay`."""
+    return isa in ISA_ONLY.get(lay.name, (isa,))
 
 #: ggml_repack_get_optimal_repack_type as a table, tried top to bottom:
 #: (weight type, ISA variants it applies to, rows must divide by, layout name).
@@ -114,6 +133,7 @@ SELECTION: tuple[tuple[GType, tuple[str, ...], int, str], ...] = (
     (GType.Q4_1, X86, 8, "q4_1_8x8"),
     (GType.Q5_0, X86, 8, "q5_0_8x8"),
     (GType.Q4_K, X86, 8, "q4_K_8x8"),
+    (GType.Q6_K, ("avx512_vnni",), 8, "q6_K_8x8"),
     (GType.Q8_0, X86 + ("neon_dotprod",), 4, "q8_0_4x4"),
 )
 
@@ -137,7 +157,7 @@ def optimal_layout(gtype: GType, nrows: int, isa: str, forced: dict[GType, Layou
     forced = forced_layouts() if forced is None else forced
     if gtype in forced:
         lay = forced[gtype]
-        return lay if nrows > 0 and nrows % lay.nrows == 0 else None
+        return lay if nrows > 0 and nrows % lay.nrows == 0 and runs_on(lay, isa) else None
     for t, isas, multiple, name in SELECTION:
         if t is gtype and isa in isas and nrows > 0 and nrows % multiple == 0:
             return LAYOUTS[name]
@@ -234,8 +254,11 @@ def repack(lay: Layout, raw: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
     if lay.gtype is GType.Q4_K:
         sc, mn = k4_scales_mins(b["scales"])  # (..., N, 8)
         parts += [_bytes(b["dmin"], lead), _bytes(np.swapaxes(sc, -1, -2), lead), _bytes(np.swapaxes(mn, -1, -2), lead)]
-    qs = b["qs"].view(np.uint8)
-    parts.append(interleave(qs, lay.interleave) ^ np.uint8(lay.xor_mask))
+    if lay.gtype is GType.Q6_K:
+        parts.append(_bytes(np.swapaxes(b["scales"], -1, -2), lead))
+        parts += [interleave(b[f].view(np.uint8), lay.interleave) for f in ("ql", "qh")]
+    else:
+        parts.append(interleave(b["qs"].view(np.uint8), lay.interleave) ^ np.uint8(lay.xor_mask))
     return np.concatenate(parts, axis=-1).reshape(-1)
 
 
@@ -263,6 +286,11 @@ def unpack(lay: Layout, packed: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
         sc = np.swapaxes(take(8 * n).reshape(*g.shape[:3], 8, n), -1, -2)
         mn = np.swapaxes(take(8 * n).reshape(*g.shape[:3], 8, n), -1, -2)
         out["scales"] = k4_pack_scales(sc, mn)
-    q = deinterleave(take(n * lay.quant_bytes) ^ np.uint8(lay.xor_mask), n, lay.interleave)
-    out["qs"] = q.view(out["qs"].dtype)
+    if lay.gtype is GType.Q6_K:
+        out["scales"] = np.swapaxes(take(16 * n).view(np.int8).reshape(*g.shape[:3], 16, n), -1, -2)
+        out["ql"] = deinterleave(take(128 * n), n, lay.interleave)
+        out["qh"] = deinterleave(take(64 * n), n, lay.interleave)
+    else:
+        q = deinterleave(take(n * lay.quant_bytes) ^ np.uint8(lay.xor_mask), n, lay.interleave)
+        out["qs"] = q.view(out["qs"].dtype)
     return np.ascontiguousarray(out.transpose(0, 1, 3, 2)).view(np.uint8).reshape(-1)

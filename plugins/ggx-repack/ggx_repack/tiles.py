@@ -51,10 +51,13 @@ from .kernels import LayoutType, lay_rows
 #: the columns of a full tile per layout family (as many as keep every accumulator and the
 #: block's unpacked weights in the 32 zmm registers: q8_0 holds two accumulators a column, q4_K a
 #: sub-block pair's eight weight vectors), and of the tiles that take what is left
-TILE_BIG = {"q4_0": 16, "q4_1": 16, "q5_0": 16, "q8_0": 8, "q4_K": 8}
+TILE_BIG = {"q4_0": 16, "q4_1": 16, "q5_0": 16, "q8_0": 8, "q4_K": 8, "q6_K": 8}
 TILE_SMALL = 4
 #: the layouts with a register-tile step
-LAYOUTS = ("q4_0_8x8", "q4_1_8x8", "q5_0_8x8", "q8_0_4x4", "q4_K_8x8")
+LAYOUTS = ("q4_0_8x8", "q4_1_8x8", "q5_0_8x8", "q8_0_4x4", "q4_K_8x8", "q6_K_8x8")
+#: int32 entries of yc per activation block: q4_K's eight int16 sums (4), q6_K's sixteen
+#: -16 * (16-value sum) (16), else the one start value
+YC_WIDTH = {"q4_K": 4, "q6_K": 16}
 
 F32x16 = Vec("f32", 16)
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -70,9 +73,11 @@ def has_tiles(layout_name: str, isa: str, rows: int) -> bool:
 
 
 def tile_columns(n: int, family: str) -> list[int]:
-    """The tile widths (C) that cover n columns: full tiles, then TILE_SMALL ones (the last padded)."""
+    """The tile widths (C) that cover n columns: full tiles, then TILE_SMALL ones (the last one
+    padded), or a one-column tile for a single column left over (a gemv)."""
     big, rest = divmod(n, TILE_BIG[family])
-    return [TILE_BIG[family]] * big + [TILE_SMALL] * -(-rest // TILE_SMALL)
+    small, left = divmod(rest, TILE_SMALL)
+    return [TILE_BIG[family]] * big + [TILE_SMALL] * small + ([1] if left == 1 else [TILE_SMALL] if left else [])
 
 
 @token_constant
@@ -83,8 +88,13 @@ def _big(lay):
 
 @token_constant
 def _qblock(lay):
-    """Values per activation block: Q8_K's 256 for q4_K, else 32."""
-    return 256 if lay.family == "q4_K" else 32
+    """Values per activation block: Q8_K's 256 for the K-quants, else 32."""
+    return 256 if lay.family in ("q4_K", "q6_K") else 32
+
+
+@token_constant
+def _yc_width(lay):
+    return YC_WIDTH.get(lay.family, 1)
 
 
 @token_constant
@@ -280,6 +290,45 @@ def _q4_K_step(x: _IR, accs: list, o, yo, yi) -> list:
     return out
 
 
+def _q6_K_step(x: _IR, accs: list, o, yo, yi) -> list:
+    """q6_K_8x8 super-block: d[8] f16, sc[16][8] i8 (sub-block of 16, row), 16 ql chunks, 8 qh
+    chunks (layouts.py). A pass (half n, q) builds four vectors of 6-bit values 0..63: values
+    16q..16q+15 (sub-block 8n + q) and 64 + 16q.. (8n + 4 + q) of half n; their dots start at
+    -16 * (the 16 activations' sum) per lane (the -32 offset) and add d * sc * dot in float, the
+    super-block's sum times the activation scale at the end."""
+    b = x.b
+    ql_at, qh_at = 144, 144 + 1024
+    dw = x.halves(o, 8, list(range(8)))
+    v8f = ir.VectorType(F32, 8)
+    low, sixty4 = x.bytes_const(15), x.bytes_const(0x30)
+
+    def high_bits(qh, field: int):
+        """Bits 2 field .. 2 field + 1 of each qh byte, moved to bits 4-5."""
+        shift = 4 - 2 * field
+        moved = b.shl(qh, x.bytes_const(shift)) if shift > 0 else b.lshr(qh, x.bytes_const(-shift)) if shift else qh
+        return b.and_(moved, sixty4)
+
+    sums = [ir.Constant(V16F, None)] * len(accs)
+    for n in (0, 1):
+        for q in range(4):
+            ql = [x.load("w", x.add(o, ql_at + 64 * (8 * n + 2 * q + k)), V64B) for k in (0, 1)]
+            qh = [x.load("w", x.add(o, qh_at + 64 * (4 * n + (2 * q + k) % 4)), V64B) for k in (0, 1)]
+            lo = [b.or_(b.and_(ql[k], low), high_bits(qh[k], q // 2)) for k in (0, 1)]
+            hi = [b.or_(b.lshr(ql[k], x.bytes_const(4)), high_bits(qh[k], 2 + q // 2)) for k in (0, 1)]
+            scales = []
+            for sb in (8 * n + q, 8 * n + 4 + q):
+                sc = b.sitofp(x.load("w", x.add(o, 16 + 8 * sb), ir.VectorType(I8, 8)), v8f)
+                scales.append((sb, x.shuffle(b.fmul(sc, dw), PAIRS)))
+            for t in range(len(sums)):
+                y = x.add(yo, 256 * t + 128 * n + 16 * q)
+                j16 = b.mul(x.add(yi, t), x.i64(16))
+                for (sb, scale), vecs, yoff in zip(scales, (lo, hi), (0, 64)):
+                    dot = x.dpbusd(x.scalar("yc", x.add(j16, sb), 16), vecs[0], x.bcast8(x.add(y, yoff)))
+                    dot = x.dpbusd(dot, vecs[1], x.bcast8(x.add(y, yoff + 8)))
+                    sums[t] = x.fma(x.to_f32(dot), scale, sums[t])
+    return [x.fma(sums[t], x.scalar("yd", x.add(yi, t), 16), acc) for t, acc in enumerate(accs)]
+
+
 @intrinsic
 def _step(typingctx, lay, accs, w, o, o2, ya, yo, yd, yc, ys, yi):
     """accs + one block of the task at byte o of w (q8_0: and its second group at o2) against
@@ -297,6 +346,8 @@ def _step(typingctx, lay, accs, w, o, o2, ya, yo, yd, yc, ys, yi):
             acc_out = _q8_0_step(x, acc_in, o, o2, yo, yi)
         elif family == "q4_K":
             acc_out = _q4_K_step(x, acc_in, o, yo, yi)
+        elif family == "q6_K":
+            acc_out = _q6_K_step(x, acc_in, o, yo, yi)
         else:
             acc_out = _nibble_step(x, family, acc_in, o, yo, yi)
         tup = ir.Constant(context.get_value_type(sig.return_type), ir.Undefined)
@@ -371,12 +422,16 @@ def _quant_q8(typingctx, x, xo, q, qo):
 
 
 @intrinsic
-def _quant_q8_K(typingctx, x, xo, q, qo, sums, so):
+def _quant_q8_K(typingctx, x, xo, q, qo, sums, so, group):
     """Q8_K (ggml's quantize_row_q8_K_ref) of the 256 floats at element xo of x into the int8 at qo
-    of q: the value of largest |x| (the first) maps to -127, q = min(127, rint(x * -127 / max));
-    the eight 32-value sums of q as int16 at element so of sums (int32 array, 4 per block).
+    of q: the value of largest |x| (the first) maps to -127, q = min(127, rint(x * -127 / max)).
+    At element so of sums (int32): group 32, the eight 32-value sums of q as int16 pairs (4 int32,
+    q4_K's mins); group 16, -16 times each of the sixteen 16-value sums (q6_K's offset).
     Returns d = 1 / iscale (0 for an all-zero block)."""
-    sig = types.float32(x, types.intp, q, types.intp, sums, types.intp)
+    if not isinstance(group, types.IntegerLiteral) or group.literal_value not in (16, 32):
+        return None
+    per = group.literal_value
+    sig = types.float32(x, types.intp, q, types.intp, sums, types.intp, group)
 
     def codegen(context, builder, sig, args):
         b = builder
@@ -395,12 +450,14 @@ def _quant_q8_K(typingctx, x, xo, q, qo, sums, so):
         qi = b.select(b.icmp_signed(">", qi, top), top, qi)
         qp = elem_ptr(context, b, sig.args[2], args[2], args[3])
         b.store(b.trunc(qi, _vec(n, I8)), b.bitcast(qp, _vec(n, I8).as_pointer()), align=1)
-        sums = ir.Constant(_vec(8, I16), ir.Undefined)
-        for k in range(8):
-            part = _lanes(b, "vector.reduce.add", I32, _shuffle(b, qi, range(32 * k, 32 * k + 32)))
-            sums = b.insert_element(sums, b.trunc(part, I16), ir.Constant(I32, k))
+        et = I16 if per == 32 else I32
+        sums = ir.Constant(_vec(n // per, et), ir.Undefined)
+        for k in range(n // per):
+            part = _lanes(b, "vector.reduce.add", I32, _shuffle(b, qi, range(per * k, per * k + per)))
+            part = b.trunc(part, I16) if per == 32 else b.mul(part, ir.Constant(I32, -16))
+            sums = b.insert_element(sums, part, ir.Constant(I32, k))
         sp = elem_ptr(context, b, sig.args[4], args[4], args[5])
-        b.store(sums, b.bitcast(sp, _vec(8, I16).as_pointer()), align=4)
+        b.store(sums, b.bitcast(sp, sums.type.as_pointer()), align=4)
         return b.select(nonzero, b.fdiv(ir.Constant(F32, 1.0), iscale), ir.Constant(F32, 0.0))
 
     return sig, codegen
@@ -413,9 +470,13 @@ def _quant_block(lay, x, xo, ya, qo, yd, yc, ys, j):
 @overload(_quant_block, inline="always")
 def _ol_quant_block(lay, x, xo, ya, qo, yd, yc, ys, j):
     if lay.family == "q4_K":
-        def q8k(lay, x, xo, ya, qo, yd, yc, ys, j):
-            yd[j] = _quant_q8_K(x, xo, ya, qo, yc, 4 * j)
-        return q8k
+        def q8k_sums32(lay, x, xo, ya, qo, yd, yc, ys, j):
+            yd[j] = _quant_q8_K(x, xo, ya, qo, yc, 4 * j, 32)
+        return q8k_sums32
+    if lay.family == "q6_K":
+        def q8k_sums16(lay, x, xo, ya, qo, yd, yc, ys, j):
+            yd[j] = _quant_q8_K(x, xo, ya, qo, yc, 16 * j, 16)
+        return q8k_sums16
     corr = _corr.value_of(lay)
     q4_1 = lay.family == "q4_1"
 
@@ -454,24 +515,22 @@ def _quant_tile(lay, x, ycol, tile, nbk, ya, yd, yc, ys):
                 ya[yoff + (j - j0) * QB: yoff + (j - j0 + 1) * QB] = 0
                 yd[j] = 0.0
                 ys[j] = 0.0
-                if QB == 256:
-                    yc[4 * j: 4 * j + 4] = 0
-                else:
-                    yc[j] = 0
+                yc[_yc_width(lay) * j: _yc_width(lay) * (j + 1)] = 0
 
 
 @intrinsic
-def _zeros(typingctx, lay, big):
-    """Zero accumulators of a full tile (big True) or a small one: a tuple of C x (groups per task)."""
-    if not (isinstance(lay, LayoutType) and isinstance(big, types.BooleanLiteral)):
+def _zeros(typingctx, lay, cols):
+    """Zero accumulators of a tile of `cols` columns (a literal; -1: a full tile): a tuple of
+    C x (groups per task)."""
+    if not (isinstance(lay, LayoutType) and isinstance(cols, types.IntegerLiteral)):
         return None
-    n = (TILE_BIG[lay.family] if big.literal_value else TILE_SMALL) * (2 if lay.family == "q8_0" else 1)
-    t = types.UniTuple(F32x16, n)
+    c = TILE_BIG[lay.family] if cols.literal_value < 0 else cols.literal_value
+    t = types.UniTuple(F32x16, c * (2 if lay.family == "q8_0" else 1))
 
     def codegen(context, builder, sig, args):
         return ir.Constant(context.get_value_type(t), [ir.Constant(V16F, None)] * t.count)
 
-    return t(lay, big), codegen
+    return t(lay, cols), codegen
 
 
 # --- the kernel -----------------------------------------------------------------------------------
@@ -497,7 +556,7 @@ def tile_mm(lay, w, wg, gbytes, nbk, K, M, x, tiles, tstart, n_ya, n_sc, ycol, o
     (matrix, task), each task running every tile of its matrix."""
     ya = np.empty(n_ya, np.int8)
     yd = np.empty(n_sc, np.float32)
-    yc = np.empty(n_sc * (4 if _qblock(lay) == 256 else 1), np.int32)
+    yc = np.empty(n_sc * _yc_width(lay), np.int32)
     ys = np.empty(n_sc, np.float32)
     n_tiles = tiles.shape[0]
     nq = max(1, min(nthreads, n_tiles))
@@ -510,24 +569,28 @@ def tile_mm(lay, w, wg, gbytes, nbk, K, M, x, tiles, tstart, n_ya, n_sc, ycol, o
     n_tasks = wg.shape[0] * n_units
     nch = max(1, min(nthreads, n_tasks))
     span = nbk * gbytes  # bytes of one layout group's rows
-    z_big = _zeros(lay, True)
-    z_small = _zeros(lay, False)
+    z_big = _zeros(lay, -1)
+    z_small = _zeros(lay, TILE_SMALL)
+    z_one = _zeros(lay, 1)
     for ch in prange(nch):
         for task in range(ch * n_tasks // nch, (ch + 1) * n_tasks // nch):
             g = task // n_units
             u = task % n_units
             base = wg[g] + u * unit * span
             for i in range(tstart[g], tstart[g + 1]):
-                if tiles[i, 2] == _big(lay):
+                C = tiles[i, 2]
+                if C == _big(lay):
                     _tile_task(lay, z_big, w, base, span, gbytes, nbk, ya, yd, yc, ys, tiles[i], out, ocol, M, u * rows)
-                else:
+                elif C == TILE_SMALL:
                     _tile_task(lay, z_small, w, base, span, gbytes, nbk, ya, yd, yc, ys, tiles[i], out, ocol, M,
                                u * rows)
+                else:
+                    _tile_task(lay, z_one, w, base, span, gbytes, nbk, ya, yd, yc, ys, tiles[i], out, ocol, M, u * rows)
 
 
 def tile_plan(cstart: np.ndarray, lay_name: str, K: int) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(tiles, tstart, ya bytes, scalar count) for matrices owning columns cstart[g]..cstart[g+1]."""
-    qb = 256 if lay_name.startswith("q4_K") else 32
+    qb = 256 if lay_name[:4] in YC_WIDTH else 32
     nbk = K // qb
     rows, tstart, off = [], [0], 0
     for g in range(len(cstart) - 1):

@@ -7,7 +7,7 @@ import pytest
 
 from ggx.conformance import PASS, Suite
 from ggx_cpu import isa
-from ggx_repack.layouts import ENV_FORCE, LAYOUTS
+from ggx_repack.layouts import ENV_FORCE, LAYOUTS, runs_on
 
 
 @pytest.fixture(scope="module")
@@ -16,8 +16,8 @@ def suite(cpu):
     return Suite(cpu, weight_buft="CPU_REPACK")
 
 
-@pytest.mark.parametrize("variant", isa.available())
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout, variant", [(lay, v) for lay in sorted(LAYOUTS) for v in isa.available()
+                                             if runs_on(LAYOUTS[lay], v)])
 def test_conformance_matmul_cases(layout, variant, suite, monkeypatch):
     monkeypatch.setenv("GGX_CPU_ISA", variant)
     monkeypatch.setenv(ENV_FORCE, layout)

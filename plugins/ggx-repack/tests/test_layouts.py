@@ -45,11 +45,18 @@ def loop_repack(lay, raw: np.ndarray, K: int, M: int) -> np.ndarray:
                     dec.append((sc, mn))
                 head += bytes(dec[r][0][j] for j in range(8) for r in range(lay.nrows))
                 head += bytes(dec[r][1][j] for j in range(8) for r in range(lay.nrows))
-            qs = [bytes(r["qs"].view(np.uint8)) for r in rows]
+            if t is GType.Q6_K:  # the sixteen scales, sub-block by sub-block; ql then qh interleaved
+                head += bytes(int(rows[r]["scales"][j]) & 0xFF for j in range(16) for r in range(lay.nrows))
+                fields = [[bytes(r[f].view(np.uint8)) for r in rows] for f in ("ql", "qh")]
+            else:
+                fields = [[bytes(r["qs"].view(np.uint8)) for r in rows]]
             n, bl = lay.nrows, lay.interleave
-            body = bytearray(n * lay.quant_bytes)
-            for i in range(len(body)):  # ggml: src_id = (i % (n*bl)) / bl, src_offset = (i / (n*bl)) * bl + i % bl
-                body[i] = qs[(i % (n * bl)) // bl][(i // (n * bl)) * bl + i % bl] ^ lay.xor_mask
+            body = bytearray()
+            for qs in fields:
+                part = bytearray(n * len(qs[0]))
+                for i in range(len(part)):  # ggml: src_id = (i % (n*bl)) / bl, src_offset = (i / (n*bl)) * bl + i % bl
+                    part[i] = qs[(i % (n * bl)) // bl][(i // (n * bl)) * bl + i % bl] ^ lay.xor_mask
+                body += part
             out.append(head + bytes(body))
     return np.frombuffer(b"".join(out), np.uint8)
 
@@ -107,12 +114,20 @@ def test_k4_scale_packing_round_trips():
     (GType.Q4_K, 1536, "portable", "q4_K_8x8"),
     (GType.Q8_0, 12, "avx2", "q8_0_4x4"),
     (GType.Q8_0, 6, "avx2", None),
-    (GType.Q6_K, 4096, "avx512_vnni", None),  # no layout for this type
+    (GType.Q6_K, 4096, "avx512_vnni", "q6_K_8x8"),
+    (GType.Q6_K, 4096, "avx2", None),  # only the AVX-512 tile kernel reads q6_K_8x8
+    (GType.Q4_1, 4096, "avx512_vnni", "q4_1_8x8"),
     (GType.F16, 4096, "avx512_vnni", None),
 ])
 def test_selection_table(gtype, rows, isa, want):
     lay = optimal_layout(gtype, rows, isa, forced={})
     assert (lay.name if lay else None) == want
+
+
+def test_forced_layout_needs_an_isa_that_computes_it(monkeypatch):
+    monkeypatch.setenv("GGX_REPACK_LAYOUTS", "q6_K_8x8")
+    assert optimal_layout(GType.Q6_K, 64, "avx512_vnni").name == "q6_K_8x8"
+    assert optimal_layout(GType.Q6_K, 64, "avx2") is None
 
 
 def test_forced_layout_wins_when_rows_divide(monkeypatch):

@@ -1,17 +1,19 @@
 """The AVX-512 register-tile gemm (`tiles.tile_mm`) against `kernels.repack_mm` on the same
-repacked weights and activations: every tile layout, full and partial tiles, several matrices
-(MUL_MAT_ID's groups), columns in any order. The plan and the kernel choice need no AVX-512."""
+repacked weights and activations (q6_K_8x8, which repack_mm has no kernel for: against float64
+products of the same quantized values): every tile layout, full, partial and one-column tiles,
+several matrices (MUL_MAT_ID's groups), columns in any order. The plan and the kernel choice
+need no AVX-512."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ggx.quants import quantize
+from ggx.quants import dequantize, quantize
 from ggx.types import GType
 from ggx_cpu import isa
-from ggx_cpu.extension import token
+from ggx_cpu.extension import quantize_act, token
 from ggx_repack import tiles
-from ggx_repack.kernels import lane_rows, repack_mm
+from ggx_repack.kernels import lane_rows, repack_mm, runs_in_repack_mm
 from ggx_repack.layouts import LAYOUTS, repack
 
 needs_vnni = pytest.mark.skipif("avx512_vnni" not in isa.available(),
@@ -21,20 +23,22 @@ needs_vnni = pytest.mark.skipif("avx512_vnni" not in isa.available(),
 def test_tile_columns_cover_every_column_with_full_tiles_first():
     assert tiles.tile_columns(40, "q4_0") == [16, 16, 4, 4]
     assert tiles.tile_columns(3, "q4_0") == [4]
-    assert tiles.tile_columns(17, "q8_0") == [8, 8, 4]
+    assert tiles.tile_columns(17, "q8_0") == [8, 8, 1]
+    assert tiles.tile_columns(19, "q6_K") == [8, 8, 4]
+    assert tiles.tile_columns(1, "q4_0") == [1]
     assert tiles.tile_columns(0, "q4_K") == []
 
 
 def test_plan_puts_each_matrix_tiles_after_the_last():
-    plan, tstart, n_ya, n_sc = tiles.tile_plan(np.array([0, 20, 21, 37]), "q4_0_8x8", 64)
-    # matrix 0: 16 + 4 columns, matrix 1: one (padded to 4), matrix 2: 16
-    assert plan[:, 0].tolist() == [0, 16, 20, 21]
-    assert plan[:, 1].tolist() == [16, 4, 1, 16]
-    assert plan[:, 2].tolist() == [16, 4, 4, 16]
-    assert tstart.tolist() == [0, 2, 3, 4]
+    plan, tstart, n_ya, n_sc = tiles.tile_plan(np.array([0, 20, 21, 38]), "q4_0_8x8", 64)
+    # matrix 0: 16 + 4 columns, matrix 1: one, matrix 2: 16 + 1
+    assert plan[:, 0].tolist() == [0, 16, 20, 21, 37]
+    assert plan[:, 1].tolist() == [16, 4, 1, 16, 1]
+    assert plan[:, 2].tolist() == [16, 4, 1, 16, 1]
+    assert tstart.tolist() == [0, 2, 3, 5]
     per_col = 64  # two blocks of 32 bytes
-    assert plan[:, 3].tolist() == [0, 16 * per_col, 20 * per_col, 24 * per_col]
-    assert n_ya == 40 * per_col and n_sc == n_ya // 32
+    assert plan[:, 3].tolist() == [0, 16 * per_col, 20 * per_col, 21 * per_col, 37 * per_col]
+    assert n_ya == 38 * per_col and n_sc == n_ya // 32
 
 
 def test_only_avx512_vnni_and_8_row_multiples_get_tiles():
@@ -42,6 +46,20 @@ def test_only_avx512_vnni_and_8_row_multiples_get_tiles():
     assert not tiles.has_tiles("q4_0_8x8", "avx2", 64)
     assert not tiles.has_tiles("q8_0_4x4", "avx512_vnni", 36)
     assert not tiles.has_tiles("q4_0_4x4", "avx512_vnni", 64)
+
+
+def _reference(lay, raw: np.ndarray, x: np.ndarray, K: int, M: int, E: int, cstart, ycol, ocol) -> np.ndarray:
+    """What repack_mm computes, for a layout it has no kernel for: float64 products of the
+    dequantized weights and the activations quantized to the weight's vec_dot_type."""
+    act = quantize_act(x, lay.gtype.vec_dot_type)
+    qb = lay.gtype.vec_dot_type.block_size
+    xq = (act.qs.reshape(len(x), -1, qb).astype(np.float64) * act.d.reshape(len(x), -1, 1)).reshape(len(x), K)
+    wf = dequantize(raw, lay.gtype, E * M * K).reshape(E, M, K).astype(np.float64)
+    out = np.zeros(len(ycol) * M, np.float32)
+    for g in range(len(cstart) - 1):
+        for c in range(cstart[g], cstart[g + 1]):
+            out[ocol[c] * M: (ocol[c] + 1) * M] = wf[g % E] @ xq[ycol[c]]
+    return out
 
 
 def _both(name: str, K: int, M: int, cstart: list[int], ycol: np.ndarray, ocol: np.ndarray, E: int, n_rows: int):
@@ -54,9 +72,12 @@ def _both(name: str, K: int, M: int, cstart: list[int], ycol: np.ndarray, ocol: 
     wg = np.arange(len(cstart) - 1, dtype=np.int64) % E * per
     cs = np.array(cstart, np.int64)
     nbk = K // lay.block_size
-    out_ref = np.zeros(len(ycol) * M, np.float32)
-    repack_mm(token("avx512_vnni"), lay, w, wg, lay.group_bytes, nbk, K, M, x, cs, ycol, ocol, lane_rows(lay),
-              out_ref, 2)
+    if runs_in_repack_mm(lay):
+        out_ref = np.zeros(len(ycol) * M, np.float32)
+        repack_mm(token("avx512_vnni"), lay, w, wg, lay.group_bytes, nbk, K, M, x, cs, ycol, ocol, lane_rows(lay),
+                  out_ref, 2)
+    else:
+        out_ref = _reference(lay, raw, x, K, M, E, cstart, ycol, ocol)
     plan, tstart, n_ya, n_sc = tiles.tile_plan(cs, name, K)
     out = np.full(len(ycol) * M, np.nan, np.float32)
     tiles.tile_mm(lay, w, wg, lay.group_bytes, nbk, K, M, x, plan, tstart, n_ya, n_sc, ycol, ocol, out, 2)
@@ -65,9 +86,9 @@ def _both(name: str, K: int, M: int, cstart: list[int], ycol: np.ndarray, ocol: 
 
 @needs_vnni
 @pytest.mark.parametrize("name", tiles.LAYOUTS)
-@pytest.mark.parametrize("n", [2, 16, 21, 37])
+@pytest.mark.parametrize("n", [1, 2, 16, 21, 37])
 def test_tile_mm_equals_repack_mm(name, n):
-    K = 512 if name.startswith("q4_K") else 96
+    K = 512 if name[3] == "K" else 96
     cols = np.arange(n, dtype=np.int64)
     out, ref = _both(name, K, 24 if name != "q8_0_4x4" else 32, [0, n], cols, cols, 1, n)
     assert not np.isnan(out).any()
@@ -75,10 +96,10 @@ def test_tile_mm_equals_repack_mm(name, n):
 
 
 @needs_vnni
-@pytest.mark.parametrize("name", ["q4_0_8x8", "q8_0_4x4", "q4_K_8x8"])
+@pytest.mark.parametrize("name", ["q4_0_8x8", "q8_0_4x4", "q4_K_8x8", "q6_K_8x8"])
 def test_tile_mm_groups_gather_and_scatter_columns(name):
     """Three matrices (experts) with 5, 1 and 19 columns, read from and written to shuffled rows."""
-    K = 256 if name.startswith("q4_K") else 64
+    K = 256 if name[3] == "K" else 64
     rng = np.random.default_rng(3)
     ycol = rng.integers(0, 7, size=25).astype(np.int64)  # activation rows, repeated
     ocol = rng.permutation(25).astype(np.int64)
@@ -90,8 +111,6 @@ def test_tile_mm_groups_gather_and_scatter_columns(name):
 @needs_vnni
 def test_activation_tiles_quantize_as_ggml():
     """A tile's Q8_0 values and scales are ggx-cpu's quantize_rows_q8 (ggml's x86 rounding)."""
-    from ggx_cpu.extension import quantize_act
-
     K, n = 96, 5
     x = np.random.default_rng(5).standard_normal((n, K)).astype(np.float32)
     x[2, :32] = 0  # an all-zero block
