@@ -37,8 +37,9 @@ from ggx.graph import Graph
 from ggx.host import HostBuffer, HostBufferType
 from ggx.ops import Op
 from ggx.tensor import Tensor
+from ggx.types import GType
 
-from . import __version__, ops
+from . import __version__, ops, tolerance
 from .cuda_graph import CAPTURE, LAUNCH, CudaGraphCache, node_properties
 from .driver import Allocation, DeviceInfo, Driver, GemmLaunch, Launch
 from .pool import ScratchPool
@@ -403,6 +404,10 @@ class CudaDevice(Device):
 
     def event_new(self) -> Event:
         return CudaEvent(self)
+
+    def max_nmse_err(self, op: Op, gtype: GType | None, default: float) -> tuple[float, str] | None:
+        """The kernels' own conformance bounds (ggx_cuda.tolerance)."""
+        return tolerance.max_nmse_err(op, gtype, default)
 
     def get_proc_address(self, name: str) -> Any:
         """"get_features": what ggml-cuda records of the device (`ggx devices` shows it)."""

@@ -208,3 +208,19 @@ def test_a_decode_step_is_captured_as_a_cuda_graph(device: CudaDevice, fake: Fak
     assert not any("cuBLAS" in r for r in reasons), reasons
     assert reasons.get("capture") == 1 and reasons.get("launch", 0) >= 1, reasons
     assert fake.captures == captures + 1
+
+
+def test_kernel_bounds_go_through_the_device_hook(device: CudaDevice):
+    """The integer products declare ggml's bound for quantized activations through
+    Device.max_nmse_err; it is the core table's (no override, never looser), and float kernels
+    declare nothing."""
+    from ggx.conformance.case import tolerance
+    from ggx.ops import Op
+    from ggx.types import GType
+
+    for op in (Op.MUL_MAT, Op.MUL_MAT_ID):
+        for t in (GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0, GType.Q4_K, GType.Q5_K, GType.Q6_K):
+            bound, reason = device.max_nmse_err(op, t, tolerance(op, t).max_nmse)
+            assert bound == tolerance(op, t).max_nmse == 5e-4 and "q8_1" in reason
+        assert device.max_nmse_err(op, GType.F16, 5e-4) is None
+    assert device.max_nmse_err(Op.FLASH_ATTN_EXT, GType.F16, 5e-4) is None
