@@ -27,7 +27,6 @@ from ggx.errors import GGXOutOfMemory, GGXShapeError, GGXUnsupported
 from ggx.host import alloc_host_memory, tensor_array
 from ggx.ops import Op
 from ggx.tensor import Tensor
-from ggx.types import GType
 
 from .layout import TileFormat, pack, tile_format
 
@@ -151,37 +150,16 @@ class AmxBufferType(ExtraBufferType):
         return why
 
     def _why_not(self, op: Tensor) -> str | None:
-        if op.op not in (Op.MUL_MAT, Op.MUL_MAT_ID):
-            return f"{op.op.name} is not a matmul ({self.name} computes MUL_MAT and MUL_MAT_ID only)"
-        if len(op.src) < (3 if op.op is Op.MUL_MAT_ID else 2):
-            return f"{op.describe()} lacks sources"
-        a, b = op.src[0], op.src[1]
-        if _buft_of(a) is not self:
-            return f"weight {a.describe()} is not in {self.name}"
-        if a.view_src is not None or not a.is_contiguous():
-            return f"weight {a.describe()} is a view or not contiguous"
-        why = self.why_not_weight(a)
+        from ggx_cpu.extension import matmul_problem
+
+        why = matmul_problem(op, self)
         if why is not None:
             return why
-        if op.op is Op.MUL_MAT and (a.ne[2] != 1 or a.ne[3] != 1):
-            return f"MUL_MAT weight {a.describe()} is not 2-D"
-        if b.type is not GType.F32 or a.ne[0] != b.ne[0] or not b.is_contiguous():
-            return f"activations {b.describe()} must be contiguous F32 with rows of K={a.ne[0]}"
-        for s in op.src[1:]:
-            sb = _buft_of(s)
-            if sb is not None and not sb.is_host:
-                return f"{s.describe()} is not in host memory ({sb.name})"
-        if op.type is not GType.F32 or not op.is_contiguous():
-            return f"destination {op.describe()} must be contiguous F32"
-        if op.op is Op.MUL_MAT_ID:
-            ids = op.src[2]
-            if ids.type is not GType.I32 or ids.ne[2] != 1 or ids.ne[3] != 1 or b.ne[3] != 1:
-                return f"MUL_MAT_ID ids {ids.describe()} / b {b.describe()} have unexpected shapes"
-            want = (a.ne[1], ids.ne[0], ids.ne[1], 1)
-        else:
-            want = (a.ne[1], b.ne[1], b.ne[2], b.ne[3])
-        if tuple(op.ne) != want:  # the kernel writes exactly this many rows of M
-            return f"destination {op.describe()} should be {list(want)}"
+        why = self.why_not_weight(op.src[0])
+        if why is not None:
+            return why
+        if not op.src[1].is_contiguous() or not op.is_contiguous():  # ggml: ggml_is_contiguous(src1)
+            return f"activations {op.src[1].describe()} and destination {op.describe()} must be contiguous"
         return None
 
     def supports_op(self, op: Tensor) -> bool:
@@ -216,23 +194,15 @@ def _nothing() -> None:
 
 def _run_id(op: Tensor, fmt: TileFormat, w: np.ndarray, engine: str, n_threads: int) -> None:
     """MUL_MAT_ID: the used experts' columns from the ids (checked), then the kernel."""
+    from ggx_cpu.extension import expert_columns
+
     a, b, ids = op.src[0], op.src[1], op.src[2]
-    n_used, n_tokens = ids.ne[0], ids.ne[1]
-    experts = np.ascontiguousarray(tensor_array(ids)).reshape(n_tokens, n_used)
-    bad = (experts < 0) | (experts >= a.ne[2])
-    if bad.any():
-        t, e = np.argwhere(bad)[0]
-        raise GGXShapeError(f"mul_mat_id: ids[{e}, {t}] = {experts[t, e]} is not an expert of {a.describe()}")
-    flat = experts.reshape(-1)  # slot s = t * n_used + e is output row s
-    slots = np.argsort(flat, kind="stable")
-    used, counts = np.unique(flat[slots], return_counts=True)
-    ycol = (slots // n_used) * b.ne[1] + (slots % n_used) % b.ne[1]  # the row of b slot s reads
-    cstart = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-    per_expert = fmt.packed_nbytes((a.ne[0], a.ne[1], 1, 1))
-    wg = (a.data_offset + used * per_expert).astype(np.int64)
+    experts = np.ascontiguousarray(tensor_array(ids)).reshape(ids.ne[1], ids.ne[0])
+    cols = expert_columns(experts, a.ne[2], b.ne[1])
+    wg = a.data_offset + cols.used * fmt.packed_nbytes((a.ne[0], a.ne[1], 1, 1))
     x = tensor_array(b).reshape(-1, a.ne[0])
-    _bind(fmt, engine, w, wg, a.ne, x, cstart, ycol.astype(np.int64), slots.astype(np.int64), False,
-          tensor_array(op).reshape(-1), n_threads)()
+    _bind(fmt, engine, w, wg, a.ne, x, cols.cstart, cols.ycol, cols.slot, False, tensor_array(op).reshape(-1),
+          n_threads)()
 
 
 def _bind(fmt: TileFormat, engine: str, w: np.ndarray, wg: np.ndarray, ne: tuple[int, ...], x: np.ndarray,

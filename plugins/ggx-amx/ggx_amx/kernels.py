@@ -90,39 +90,20 @@ class FormatType(TokenType):
 register_token(TileFormat, FormatType)
 
 
-@token_constant
-def _tb(fmt):
-    return fmt.tile_bytes
+def _field(attr: str, doc: str):
+    """A jit-callable constant: `attr` of the format token's type."""
+    def value(fmt):
+        return getattr(fmt, attr)
+    value.__name__, value.__doc__ = f"_{attr}", doc
+    return token_constant(value)
 
 
-@token_constant
-def _bs(fmt):
-    return fmt.block_size
-
-
-@token_constant
-def _od(fmt):
-    return fmt.off_d
-
-
-@token_constant
-def _os(fmt):
-    return fmt.off_scales
-
-
-@token_constant
-def _ox(fmt):
-    return fmt.off_extra
-
-
-@token_constant
-def _odmin(fmt):
-    return fmt.off_dmin
-
-
-@token_constant
-def _is_k(fmt):
-    return fmt.block_size == 256
+_tb = _field("tile_bytes", "Bytes of one tile.")
+_bs = _field("block_size", "Values of K per tile.")
+_od = _field("off_d", "Where a tile's f16 d of the 16 rows start.")
+_os = _field("off_scales", "Where a tile's (sub-block) scales start.")
+_ox = _field("off_extra", "Where Q4_1's m, Q8_0's comp or Q4_K's mins start.")
+_odmin = _field("off_dmin", "Where Q4_K's f16 dmin start.")
 
 
 @token_constant
@@ -200,13 +181,23 @@ def _unpack_q6(w, tile, g, bt, bo):
 
 # --- gemm: one K block of a task ----------------------------------------------------------------------------
 @njit(cache=True)
-def _acc_f(acc, am, bh, tiles, q, m, d0, d1, dy):
-    """acc row am, weight rows 16 bh..16 bh + 15 += float(int32 tile q row m) * d_w * dy."""
-    a = 32 * am + 16 * bh
-    store_f32x8(acc, a, fma_i32x8_f32x8(load_f32x8(acc, a), load_i32x8(tiles, C_SLOT * q + 16 * m),
-                                        mul_f32x8(d0, dy)))
-    store_f32x8(acc, a + 8, fma_i32x8_f32x8(load_f32x8(acc, a + 8), load_i32x8(tiles, C_SLOT * q + 16 * m + 8),
-                                            mul_f32x8(d1, dy)))
+def _acc_c(fmt, w, t0, t1, tiles, acc, ycol, c0, nv, yd, ys, s4, K, i):
+    """ggml's acc_C: for the task's columns, acc[column][row] += float(int32 tile) * d_w * d_a plus
+    the block's offset terms (`_offsets`, as the gemv's). `tiles`: the four 16 x 16 int32 tiles."""
+    nbk = K // _bs(fmt)
+    for q in range(4):
+        tile = t0 if q < 2 else t1
+        d0, d1 = _f16x8(w, tile + _od(fmt)), _f16x8(w, tile + _od(fmt) + 16)
+        for m in range(min(16, nv - 16 * (q & 1))):
+            am = 16 * (q & 1) + m
+            col = ycol[c0 + am]
+            dy = splat_f32x8(yd[col * nbk + i])
+            a, o = 32 * am + 16 * (q >> 1), C_SLOT * q + 16 * m
+            f0 = fma_i32x8_f32x8(load_f32x8(acc, a), load_i32x8(tiles, o), mul_f32x8(d0, dy))
+            f1 = fma_i32x8_f32x8(load_f32x8(acc, a + 8), load_i32x8(tiles, o + 8), mul_f32x8(d1, dy))
+            f0, f1 = _offsets(fmt, w, tile, ys, s4, col, K, i, dy, f0, f1)
+            store_f32x8(acc, a, f0)
+            store_f32x8(acc, a + 8, f1)
 
 
 @njit(cache=True)
@@ -231,21 +222,7 @@ def _block_q(eng, fmt, T, w, t0, t1, qs, yd, ys, s4, ycol, direct, c0, nv, K, i,
         _unpack_nibbles(w, t0, bias, bt, 0)
         _unpack_nibbles(w, t1, bias, bt, 512)
         _step(eng, T, qs, ycol, direct, c0, nv, K, 32 * i, 32, bt, 0, 512, at, ct)
-    nbk = K // 32
-    for q in range(4):
-        tile = t0 if q < 2 else t1
-        d0, d1 = _f16x8(w, tile + _od(fmt)), _f16x8(w, tile + _od(fmt) + 16)
-        for m in range(16):
-            am = 16 * (q & 1) + m
-            if am >= nv:
-                break
-            blk = ycol[c0 + am] * nbk + i
-            _acc_f(acc, am, q >> 1, ct, q, m, d0, d1, splat_f32x8(yd[blk]))
-            if fmt_is(fmt, "q4_1"):  # + m_w * s_a (Q8_1's s = d_a * sum(q_a))
-                a = 32 * am + 16 * (q >> 1)
-                s = splat_f32x8(ys[blk])
-                store_f32x8(acc, a, fma_f32x8(load_f32x8(acc, a), _f16x8(w, tile + _ox(fmt)), s))
-                store_f32x8(acc, a + 8, fma_f32x8(load_f32x8(acc, a + 8), _f16x8(w, tile + _ox(fmt) + 16), s))
+    _acc_c(fmt, w, t0, t1, ct, acc, ycol, c0, nv, yd, ys, s4, K, i)
 
 
 @njit(cache=True)
@@ -270,27 +247,7 @@ def _block_k(eng, fmt, T, w, t0, t1, qs, yd, ys, s4, ycol, direct, c0, nv, K, i,
                 o = C_SLOT * q + 16 * m
                 store_i32x8(si, o, add_i32x8(load_i32x8(si, o), mul_i32x8(load_i32x8(ct, o), s0)))
                 store_i32x8(si, o + 8, add_i32x8(load_i32x8(si, o + 8), mul_i32x8(load_i32x8(ct, o + 8), s1)))
-    nbk = K // 256
-    for q in range(4):
-        tile = t0 if q < 2 else t1
-        d0, d1 = _f16x8(w, tile + _od(fmt)), _f16x8(w, tile + _od(fmt) + 16)
-        for m in range(16):
-            am = 16 * (q & 1) + m
-            if am >= nv:
-                break
-            col = ycol[c0 + am]
-            dy = splat_f32x8(yd[col * nbk + i])
-            _acc_f(acc, am, q >> 1, si, q, m, d0, d1, dy)
-            if q4:  # - dmin_w * d_a * sum over sub-blocks k of min_k * (the activations' sum over k)
-                a = 32 * am + 16 * (q >> 1)
-                for h in range(2):
-                    msum = zero_i32x8()
-                    for k in range(8):
-                        msum = add_i32x8(msum, mul_i32x8(_mins(w, tile + _ox(fmt) + 16 * h, k),
-                                                         splat_i32x8(_sum32(fmt, s4, col, K, 8 * i + k))))
-                    dm = mul_f32x8(_f16x8(w, tile + _odmin(fmt) + 16 * h), dy)
-                    store_f32x8(acc, a + 8 * h, sub_f32x8(load_f32x8(acc, a + 8 * h),
-                                                          mul_f32x8(i32x8_to_f32x8(msum), dm)))
+    _acc_c(fmt, w, t0, t1, si, acc, ycol, c0, nv, yd, ys, s4, K, i)
 
 
 def _scales8(fmt, w, off):
@@ -329,37 +286,40 @@ def _ol_block(eng, fmt, T, w, t0, t1, qs, yd, ys, s4, ycol, direct, c0, nv, K, i
 
 
 # --- gemv: one column, AVX-512 VNNI style on the AMX layout --------------------------------------------------
+# ggml's tinygemm_kernel_vnni: 16 weight rows (one tile of rows) against one activation row, the
+# bytes of one row in each int32 lane (the layout's VNNI order), so there is no horizontal sum:
+# per block, `_dots` gives the integer dot of each row (K-quants: already times the sub-block
+# scales), `_gemv` scales it by d_w d_a, `_offsets` adds what the block's offset terms leave.
 @njit(cache=True)
-def _gemv_q4(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo):
-    """16 Q4_0 / Q4_1 rows (the tiles from byte tb) . activation row col: int32 lane = weight
-    row, so no horizontal sums (ggml's tinygemm_kernel_vnni)."""
+def _gemv(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo):
+    """out[oo..oo + 16] = the 16 rows of the tiles from byte tb . activation row col."""
     f0 = zero_f32x8()
     f1 = zero_f32x8()
-    nbk = K // 32
+    nbk = K // _bs(fmt)
     for i in range(nbk):
         o = tb + i * _tb(fmt)
-        y = col * K + 32 * i
-        blk = col * nbk + i
-        if fmt_is(fmt, "q4_0"):  # (q - 8) . a = q . a - 8 sum(a)
-            i0 = splat_i32x8(np.int32(-8 * _sum32(fmt, s4, col, K, i)))
-        else:
-            i0 = zero_i32x8()
-        i1 = i0
-        for p in range(4):
-            ylo, yhi = _bcast4(qs, y + 8 * p), _bcast4(qs, y + 8 * p + 4)
-            lo0, hi0 = split_nibbles_i8x32(load_i8x32(w, o + 64 * p), 0)
-            lo1, hi1 = split_nibbles_i8x32(load_i8x32(w, o + 64 * p + 32), 0)
-            i0 = dot_u8s8(isa, dot_u8s8(isa, i0, lo0, ylo), hi0, yhi)
-            i1 = dot_u8s8(isa, dot_u8s8(isa, i1, lo1, ylo), hi1, yhi)
-        dy = splat_f32x8(yd[blk])
+        i0, i1 = _dots(isa, fmt, w, o, qs, s4, col, K, i)
+        dy = splat_f32x8(yd[col * nbk + i])
         f0 = fma_i32x8_f32x8(f0, i0, mul_f32x8(_f16x8(w, o + _od(fmt)), dy))
         f1 = fma_i32x8_f32x8(f1, i1, mul_f32x8(_f16x8(w, o + _od(fmt) + 16), dy))
-        if fmt_is(fmt, "q4_1"):
-            s = splat_f32x8(ys[blk])
-            f0 = fma_f32x8(f0, _f16x8(w, o + _ox(fmt)), s)
-            f1 = fma_f32x8(f1, _f16x8(w, o + _ox(fmt) + 16), s)
+        f0, f1 = _offsets(fmt, w, o, ys, s4, col, K, i, dy, f0, f1)
     store_f32x8(out, oo, f0)
     store_f32x8(out, oo + 8, f1)
+
+
+@njit(cache=True)
+def _dots_q4(isa, fmt, w, o, qs, s4, col, K, i):
+    """Q4_0 / Q4_1: the unsigned nibbles times the activations; Q4_0's (q - 8) . a as q . a - 8 sum(a)."""
+    y = col * K + 32 * i
+    i0 = splat_i32x8(np.int32(-8 * _sum32(fmt, s4, col, K, i))) if fmt_is(fmt, "q4_0") else zero_i32x8()
+    i1 = i0
+    for p in range(4):
+        ylo, yhi = _bcast4(qs, y + 8 * p), _bcast4(qs, y + 8 * p + 4)
+        lo0, hi0 = split_nibbles_i8x32(load_i8x32(w, o + 64 * p), 0)
+        lo1, hi1 = split_nibbles_i8x32(load_i8x32(w, o + 64 * p + 32), 0)
+        i0 = dot_u8s8(isa, dot_u8s8(isa, i0, lo0, ylo), hi0, yhi)
+        i1 = dot_u8s8(isa, dot_u8s8(isa, i1, lo1, ylo), hi1, yhi)
+    return i0, i1
 
 
 def _dot_q8(isa, acc, wq, y, ysum4):
@@ -387,107 +347,91 @@ def _ol_q8_start(isa, w, off):
 
 
 @njit(cache=True)
-def _gemv_q8(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo):
-    """16 Q8_0 rows . one activation row (ggml's VNNI Q8_0 path, with the layout's compensation sums)."""
-    f0 = zero_f32x8()
-    f1 = zero_f32x8()
-    nbk = K // 32
-    for i in range(nbk):
-        o = tb + i * _tb(fmt)
-        y = col * K + 32 * i
-        i0 = _q8_start(isa, w, o + _ox(fmt))
-        i1 = _q8_start(isa, w, o + _ox(fmt) + 32)
-        for k in range(8):
-            ya = _bcast4(qs, y + 4 * k)
-            sa = splat_i32x8(s4[y // 4 + k])
-            i0 = _dot_q8(isa, i0, load_i8x32(w, o + 64 * k), ya, sa)
-            i1 = _dot_q8(isa, i1, load_i8x32(w, o + 64 * k + 32), ya, sa)
-        dy = splat_f32x8(yd[col * nbk + i])
-        f0 = fma_i32x8_f32x8(f0, i0, mul_f32x8(_f16x8(w, o + _od(fmt)), dy))
-        f1 = fma_i32x8_f32x8(f1, i1, mul_f32x8(_f16x8(w, o + _od(fmt) + 16), dy))
-    store_f32x8(out, oo, f0)
-    store_f32x8(out, oo + 8, f1)
+def _dots_q8(isa, fmt, w, o, qs, s4, col, K, i):
+    """Q8_0: ggml's VNNI route with the layout's compensation sums (or the signed product)."""
+    y = col * K + 32 * i
+    i0 = _q8_start(isa, w, o + _ox(fmt))
+    i1 = _q8_start(isa, w, o + _ox(fmt) + 32)
+    for k in range(8):
+        ya = _bcast4(qs, y + 4 * k)
+        sa = splat_i32x8(s4[y // 4 + k])
+        i0 = _dot_q8(isa, i0, load_i8x32(w, o + 64 * k), ya, sa)
+        i1 = _dot_q8(isa, i1, load_i8x32(w, o + 64 * k + 32), ya, sa)
+    return i0, i1
 
 
 @njit(cache=True)
-def _gemv_q4_K(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo):
-    """16 Q4_K rows . one activation row (ggml's VNNI Q4_K path): sub-block dots times the 6-bit
-    scales in int32, the mins from the Q8_K sums."""
-    f0 = zero_f32x8()
-    f1 = zero_f32x8()
-    nbk = K // 256
-    for i in range(nbk):
-        o = tb + i * _tb(fmt)
-        y = col * K + 256 * i
-        a0 = zero_i32x8()
-        a1 = zero_i32x8()
-        for k in range(8):
-            s0 = zero_i32x8()
-            s1 = zero_i32x8()
-            for p in range(4):
-                ylo, yhi = _bcast4(qs, y + 32 * k + 8 * p), _bcast4(qs, y + 32 * k + 8 * p + 4)
-                lo0, hi0 = split_nibbles_i8x32(load_i8x32(w, o + 256 * k + 64 * p), 0)
-                lo1, hi1 = split_nibbles_i8x32(load_i8x32(w, o + 256 * k + 64 * p + 32), 0)
-                s0 = dot_u8s8(isa, dot_u8s8(isa, s0, lo0, ylo), hi0, yhi)
-                s1 = dot_u8s8(isa, dot_u8s8(isa, s1, lo1, ylo), hi1, yhi)
-            a0 = add_i32x8(a0, mul_i32x8(s0, _u8x8(w, o + _os(fmt) + 16 * k)))
-            a1 = add_i32x8(a1, mul_i32x8(s1, _u8x8(w, o + _os(fmt) + 16 * k + 8)))
+def _dots_q4_K(isa, fmt, w, o, qs, s4, col, K, i):
+    """Q4_K: each 32-value sub-block's dot times its 6-bit scale, summed in int32."""
+    y = col * K + 256 * i
+    a0 = zero_i32x8()
+    a1 = zero_i32x8()
+    for k in range(8):
+        s0 = zero_i32x8()
+        s1 = zero_i32x8()
+        for p in range(4):
+            ylo, yhi = _bcast4(qs, y + 32 * k + 8 * p), _bcast4(qs, y + 32 * k + 8 * p + 4)
+            lo0, hi0 = split_nibbles_i8x32(load_i8x32(w, o + 256 * k + 64 * p), 0)
+            lo1, hi1 = split_nibbles_i8x32(load_i8x32(w, o + 256 * k + 64 * p + 32), 0)
+            s0 = dot_u8s8(isa, dot_u8s8(isa, s0, lo0, ylo), hi0, yhi)
+            s1 = dot_u8s8(isa, dot_u8s8(isa, s1, lo1, ylo), hi1, yhi)
+        a0 = add_i32x8(a0, mul_i32x8(s0, _u8x8(w, o + _os(fmt) + 16 * k)))
+        a1 = add_i32x8(a1, mul_i32x8(s1, _u8x8(w, o + _os(fmt) + 16 * k + 8)))
+    return a0, a1
+
+
+@njit(cache=True)
+def _dots_q6_K(isa, fmt, w, o, qs, s4, col, K, i):
+    """Q6_K: the unsigned 6-bit values, -32 times the 16-value activation sums (Q8_K's bsums),
+    each group's dot times its int8 scale, summed in int32."""
+    y = col * K + 256 * i
+    a0 = zero_i32x8()
+    a1 = zero_i32x8()
+    for g in range(16):
+        ya, yb = _bcast4(qs, y + 16 * g), _bcast4(qs, y + 16 * g + 4)
+        yc, ye = _bcast4(qs, y + 16 * g + 8), _bcast4(qs, y + 16 * g + 12)
+        start = splat_i32x8(np.int32(-32 * s4[y // 16 + g]))
+        for h in range(2):
+            hb = load_i8x32(w, o + _ox(fmt) + 64 * g + 32 * h)
+            v0, v1 = q6_pair(load_i8x32(w, o + 128 * g + 32 * h), hb, 0, 0)
+            v2, v3 = q6_pair(load_i8x32(w, o + 128 * g + 64 + 32 * h), hb, 4, 0)
+            s = dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, start, v0, ya), v1, yb), v2, yc), v3, ye)
+            prod = mul_i32x8(s, load_s8_i32x8(w, o + _os(fmt) + 16 * g + 8 * h))
+            if h == 0:
+                a0 = add_i32x8(a0, prod)
+            else:
+                a1 = add_i32x8(a1, prod)
+    return a0, a1
+
+
+def _dots(isa, fmt, w, o, qs, s4, col, K, i):
+    """One block's integer dots of the 16 rows (two I32x8), by the format's family."""
+
+
+@overload(_dots, inline="always")
+def _ol_dots(isa, fmt, w, o, qs, s4, col, K, i):
+    f = {"q4_0": _dots_q4, "q4_1": _dots_q4, "q8_0": _dots_q8, "q4_K": _dots_q4_K, "q6_K": _dots_q6_K}[fmt.family]
+    return lambda isa, fmt, w, o, qs, s4, col, K, i: f(isa, fmt, w, o, qs, s4, col, K, i)
+
+
+@njit(cache=True)
+def _offsets(fmt, w, o, ys, s4, col, K, i, dy, f0, f1):
+    """The block's offset terms in float: Q4_1 + m_w s_a (Q8_1's s = d_a sum(q_a)); Q4_K
+    - dmin_w d_a sum over sub-blocks k of min_k * (the activations' sum over k); else none."""
+    if fmt_is(fmt, "q4_1"):
+        s = splat_f32x8(ys[col * (K // 32) + i])
+        f0 = fma_f32x8(f0, _f16x8(w, o + _ox(fmt)), s)
+        f1 = fma_f32x8(f1, _f16x8(w, o + _ox(fmt) + 16), s)
+    elif fmt_is(fmt, "q4_K"):
         m0 = zero_i32x8()
         m1 = zero_i32x8()
         for k in range(8):
             b = splat_i32x8(_sum32(fmt, s4, col, K, 8 * i + k))
             m0 = add_i32x8(m0, mul_i32x8(_mins(w, o + _ox(fmt), k), b))
             m1 = add_i32x8(m1, mul_i32x8(_mins(w, o + _ox(fmt) + 16, k), b))
-        dy = splat_f32x8(yd[col * nbk + i])
-        f0 = fma_i32x8_f32x8(f0, a0, mul_f32x8(_f16x8(w, o + _od(fmt)), dy))
-        f1 = fma_i32x8_f32x8(f1, a1, mul_f32x8(_f16x8(w, o + _od(fmt) + 16), dy))
         f0 = sub_f32x8(f0, mul_f32x8(i32x8_to_f32x8(m0), mul_f32x8(_f16x8(w, o + _odmin(fmt)), dy)))
         f1 = sub_f32x8(f1, mul_f32x8(i32x8_to_f32x8(m1), mul_f32x8(_f16x8(w, o + _odmin(fmt) + 16), dy)))
-    store_f32x8(out, oo, f0)
-    store_f32x8(out, oo + 8, f1)
-
-
-@njit(cache=True)
-def _gemv_q6_K(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo):
-    """16 Q6_K rows . one activation row (ggml's VNNI Q6_K path): the unsigned 6-bit values, -32
-    times the 16-value activation sums, the int8 group scales in int32."""
-    f0 = zero_f32x8()
-    f1 = zero_f32x8()
-    nbk = K // 256
-    for i in range(nbk):
-        o = tb + i * _tb(fmt)
-        y = col * K + 256 * i
-        a0 = zero_i32x8()
-        a1 = zero_i32x8()
-        for g in range(16):
-            ya, yb = _bcast4(qs, y + 16 * g), _bcast4(qs, y + 16 * g + 4)
-            yc, ye = _bcast4(qs, y + 16 * g + 8), _bcast4(qs, y + 16 * g + 12)
-            start = splat_i32x8(np.int32(-32 * s4[y // 16 + g]))
-            for h in range(2):
-                hb = load_i8x32(w, o + 2048 + 64 * g + 32 * h)
-                v0, v1 = q6_pair(load_i8x32(w, o + 128 * g + 32 * h), hb, 0, 0)
-                v2, v3 = q6_pair(load_i8x32(w, o + 128 * g + 64 + 32 * h), hb, 4, 0)
-                s = dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, dot_u8s8(isa, start, v0, ya), v1, yb), v2, yc), v3, ye)
-                prod = mul_i32x8(s, load_s8_i32x8(w, o + _os(fmt) + 16 * g + 8 * h))
-                if h == 0:
-                    a0 = add_i32x8(a0, prod)
-                else:
-                    a1 = add_i32x8(a1, prod)
-        dy = splat_f32x8(yd[col * nbk + i])
-        f0 = fma_i32x8_f32x8(f0, a0, mul_f32x8(_f16x8(w, o + _od(fmt)), dy))
-        f1 = fma_i32x8_f32x8(f1, a1, mul_f32x8(_f16x8(w, o + _od(fmt) + 16), dy))
-    store_f32x8(out, oo, f0)
-    store_f32x8(out, oo + 8, f1)
-
-
-def _gemv(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo):
-    """16 rows . one activation row, by the format's family."""
-
-
-@overload(_gemv, inline="always")
-def _ol_gemv(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo):
-    f = {"q4_0": _gemv_q4, "q4_1": _gemv_q4, "q8_0": _gemv_q8, "q4_K": _gemv_q4_K, "q6_K": _gemv_q6_K}[fmt.family]
-    return lambda isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo: f(isa, fmt, w, tb, qs, yd, ys, s4, col, K, out, oo)
+    return f0, f1
 
 
 # --- the kernel -----------------------------------------------------------------------------------------------

@@ -26,6 +26,13 @@ Activation quantizers (ggml's vec_dot_types, as a structure of arrays: see `Q8Ac
     `quantize_rows_q8` (Q8_0 / Q8_1) and `quantize_rows_q8_K`, callable inside kernels;
     `act_launch` / `quantize_act` from the host.
 
+Matrix products of an extra buffer type
+    `matmul_problem(op, buft)`: why a MUL_MAT / MUL_MAT_ID node does not fit a kernel of `buft`
+    reading host memory (weight in buft, activations, ids, destination), or None.
+    `expert_columns(ids, n_expert, b_ne1)`: MUL_MAT_ID's columns grouped by expert
+    (`ExpertColumns`: used experts, their column ranges, each column's activation row and
+    output row), the ids checked.
+
 SIMD vocabulary (LLVM vectors in numba; `ggx_cpu.isa.simd` conventions: element offsets,
 unaligned, unchecked)
     types `Vec`, `I8x16`, `I8x32`, `I16x16`, `I32x8`, `F32x8`; loads, stores, splats, lane-wise
@@ -86,6 +93,7 @@ from .isa.simd import (
 )
 from .isa.tokens import IsaType, TokenType, register_token, token_constant
 from .kernels.common import in_order, launch
+from .kernels.extra_matmul import ExpertColumns, expert_columns, matmul_problem
 from .kernels.quantize_act import Q8Act, act_launch, quantize_act, quantize_rows_q8, quantize_rows_q8_K
 
 __all__ = [
@@ -98,6 +106,8 @@ __all__ = [
     "TokenType", "register_token", "token_constant",
     # activation quantizers
     "Q8Act", "act_launch", "quantize_act", "quantize_rows_q8", "quantize_rows_q8_K",
+    # matrix products of an extra buffer type
+    "matmul_problem", "ExpertColumns", "expert_columns",
     # SIMD vocabulary: types
     "Vec", "I8x16", "I8x32", "I16x16", "I32x8", "F32x8",
     # loads and stores
