@@ -80,9 +80,11 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import GGXContextOverflow
     from ..models import load_model
 
+    compile_start = progress.compile_seconds()
     model = load_model(chosen_model(args), args.device, args.threads, n_ctx=args.ctx_size,
                        flash_attn=not args.no_flash_attn, progress=sys.stderr.isatty(),
                        tensor_split=args.tensor_split)
+    compile_load = progress.compile_seconds() - compile_start  # the load's warm-up
     prompt = model.chat_prompt(args.prompt) if args.chat else args.prompt
     try:
         ids = model.encode_prompt(prompt)
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     out.write("\n")
     out.flush()
     compile_decode = progress.compile_seconds() - compile0 - compile_prefill
-    print_summary(model, sys.stderr, compile_prefill, compile_decode, args.ctx_size)
+    print_summary(model, sys.stderr, compile_prefill, compile_decode, args.ctx_size, compile_load)
     return 0
 
 
@@ -134,22 +136,23 @@ def stop_text(model) -> str:
 
 
 def print_summary(model, err, compile_prefill: float = 0.0, compile_decode: float = 0.0,
-                  ctx_asked: int | None = None) -> None:
-    """The run's figures; `compile_*` are seconds of kernel compilation inside the prefill and the
-    decode steps, taken out of their times."""
+                  ctx_asked: int | None = None, compile_load: float = 0.0) -> None:
+    """The run's figures; `compile_*` are seconds of kernel compilation inside the load (its
+    warm-up), the prefill and the decode steps, taken out of their times."""
     st = model.stats
+    load_s = max(st.load_s - compile_load, 0.0)
     prompt_s = max(st.prompt_s - compile_prefill, 0.0)
     gen_s = max(st.gen_s - compile_decode, 0.0)
     prompt_tps = st.prompt_tokens / prompt_s if prompt_s else 0.0
     gen_tps = st.gen_tokens / gen_s if gen_s else 0.0
     splits = sorted(set(st.splits))
-    err.write(f"\nload time:       {st.load_s * 1000:8.1f} ms\n")
+    err.write(f"\nload time:       {load_s * 1000:8.1f} ms\n")
     err.write(f"prompt:          {st.prompt_tokens:5d} tokens (prefill) in {prompt_s * 1000:8.1f} ms "
               f"({prompt_tps:8.1f} tokens/s)\n")
     err.write(f"generated:       {st.generated:5d} tokens; {st.gen_tokens} decode steps in {gen_s * 1000:.1f} ms "
               f"({gen_tps:.1f} tokens/s)\n")
     err.write(f"stopped:         {stop_text(model)}\n")
-    compiled = compile_prefill + compile_decode
+    compiled = compile_load + compile_prefill + compile_decode
     if compiled >= 0.0005:
         took = f"{compiled:.1f} s" if compiled >= 10 else f"{compiled * 1000:.1f} ms"
         err.write(f"kernels:         {took} compiling or loading from the disk cache (left out of the times above)\n")

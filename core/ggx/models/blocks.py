@@ -57,13 +57,14 @@ class ModelInputs:
         return [t for t in (self.tokens, self.pos, self.kv_idx, self.mask, self.out_ids, self.kv_idx_swa,
                             self.mask_swa) if t is not None]
 
-    def data(self, tokens: np.ndarray, batch: CacheBatch) -> dict[Tensor, np.ndarray]:
+    def data(self, tokens: np.ndarray, batch: CacheBatch, last: int | None = None) -> dict[Tensor, np.ndarray]:
         """Each input's data for `tokens` planned as `batch` (the F16 masks as their raw bytes:
-        no round trip through float32 and back)."""
+        no round trip through float32 and back); `last`: the row that gets logits when only
+        one does (default the batch's last: a padded batch names its last real token)."""
         data: dict[Tensor, np.ndarray] = {self.tokens: tokens.astype(np.int32), self.pos: batch.pos,
                                           self.kv_idx: batch.full.kv_idx, self.mask: batch.full.mask.view(np.uint8)}
         if self.out_ids is not None:
-            data[self.out_ids] = np.array([batch.n_tokens - 1], dtype=np.int32)
+            data[self.out_ids] = np.array([batch.n_tokens - 1 if last is None else last], dtype=np.int32)
         if self.kv_idx_swa is not None:
             data[self.kv_idx_swa] = batch.swa.kv_idx
             data[self.mask_swa] = batch.swa.mask.view(np.uint8)

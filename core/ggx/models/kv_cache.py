@@ -203,11 +203,22 @@ class KVCache:
         mask = np.where(visible, 0.0, -np.inf).astype(np.float16)
         return GroupBatch(n_kv, kv_idx, mask, cell_pos)
 
-    def commit(self, batch: CacheBatch) -> None:
-        """Record that `batch` was written (its graph ran)."""
+    def commit(self, batch: CacheBatch, n_tokens: int | None = None) -> None:
+        """Record that `batch` was written (its graph ran). With `n_tokens`, only its first
+        n_tokens tokens count: the rest were padding (a prompt evaluated as a longer batch, see
+        `Model`), whose slots are left empty, masked for every later token and written again by
+        the tokens that take those positions."""
         if batch.start != self.n_past:
             raise GGXStateError(f"KV cache: a batch planned at position {batch.start} committed at {self.n_past}")
-        self.full.cell_pos = batch.full.cell_pos
-        if self.swa is not None and batch.swa is not None:
-            self.swa.cell_pos = batch.swa.cell_pos
-        self.n_past += batch.n_tokens
+        n = batch.n_tokens if n_tokens is None else n_tokens
+        if not 0 < n <= batch.n_tokens:
+            raise GGXShapeError(f"KV cache: cannot commit {n} tokens of a batch of {batch.n_tokens}")
+        for g, gb in ((self.full, batch.full), (self.swa, batch.swa)):
+            if g is None or gb is None:
+                continue
+            cell_pos = gb.cell_pos
+            if n < batch.n_tokens:
+                cell_pos = cell_pos.copy()
+                cell_pos[gb.kv_idx[n:]] = -1
+            g.cell_pos = cell_pos
+        self.n_past += n

@@ -28,6 +28,18 @@ from .weights import load_weights, split_bufts
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
+#: graphs a Model keeps, by batch shape (decode keeps one per KV bucket; prompts one per length bucket)
+KEPT_GRAPHS = 16
+
+
+def prompt_bucket(n_tokens: int) -> int:
+    """The batch a prompt of n_tokens tokens is evaluated as: its length rounded up to a multiple
+    of 8 (of 32 past 128), so that nearby lengths share one graph, and with it the scheduler's
+    plan and the backends' bound launches; one token (decode) is never padded."""
+    if n_tokens <= 1:
+        return n_tokens
+    step = 8 if n_tokens <= 128 else 32
+    return -(-n_tokens // step) * step
 
 
 @dataclass
@@ -84,7 +96,9 @@ class Model:
     the sequence rule above still applies between them.
 
     `placement` says where the weights went (ggx.placement.PlacementReport); `n_ctx` is the
-    context length; `encode_prompt` tokenizes a prompt and checks that it fits.
+    context length; `encode_prompt` tokenizes a prompt and checks that it fits. Loading ends
+    with `warmup` (unless `warmup=False`). A prompt runs as a batch of `prompt_bucket` tokens
+    (padded), so prompts of nearby lengths reuse one kept graph.
 
     The layers are split over the runner's split devices (llama.cpp's split mode LAYER): the
     devices given, in order, or by default the non-CPU devices (the host device when there is
@@ -97,7 +111,7 @@ class Model:
     def __init__(self, path: str | Path, devices: Sequence[str] | None = None, n_threads: int | None = None,
                  n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH, flash_attn: bool = True,
                  progress: bool = False, host_experts: bool = False, fuse: bool = True,
-                 tensor_split: Sequence[float] | None = None, swa_full: bool = False):
+                 tensor_split: Sequence[float] | None = None, swa_full: bool = False, warmup: bool = True):
         t0 = time.perf_counter()
         if n_ctx is not None and n_ctx <= 0:
             raise GGXValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -129,11 +143,24 @@ class Model:
                              self.hp.swa_layers, self.hp.n_swa, n_batch, swa_full)
         #: the tokens that end a generation (EOS, end of turn, ...: Tokenizer.eog_ids)
         self.eog_ids = set(self.tokenizer.eog_ids)
-        self._decode_graphs: dict[tuple, tuple[Graph, Tensor, ModelInputs]] = {}
+        self._graphs: dict[tuple, tuple[Graph, Tensor, ModelInputs]] = {}
         self._lock = threading.RLock()  # one evaluation at a time (the scheduler and cache are shared)
         self._owner: object | None = None  # the generate() iterator whose sequence the cache holds
         self._last_use = "load"  # what changed the cache last, for the stale-iterator message
+        if warmup:
+            self.warmup()
         self.stats = Stats(load_s=time.perf_counter() - t0)
+
+    def warmup(self) -> None:
+        """Evaluate a throwaway short prompt and one decode step, then forget them: the kernels
+        are loaded (or compiled) and the graphs of the first prompt bucket and of decode are built,
+        planned and bound at load time, so the first real prompt starts at once (`warmup=True`)."""
+        with self._lock:
+            self.cache.clear()
+            self._eval(np.zeros(min(8, self.n_ctx - 1, self.n_batch) or 1, np.int64))
+            if self.cache.n_past < self.n_ctx:
+                self._eval(np.zeros(1, np.int64))
+            self.cache.clear()
 
     # --- text ---------------------------------------------------------------------------------
     @property
@@ -217,31 +244,42 @@ class Model:
         out = [o for o in outs if o is not None]
         return out[0] if len(out) == 1 else np.concatenate(out, axis=0)  # a decode step: no 200 KB copy
     def _eval_batch(self, batch: np.ndarray, all_rows: bool, need: bool = True) -> np.ndarray | None:
+        """Logits of the batch's tokens (all rows, or the last), evaluated as a batch of
+        `prompt_bucket` tokens where that fits: padding tokens (id 0) after the real ones, which
+        no real token sees (the causal mask) and whose cache slots stay free (`KVCache.commit`)."""
         n_tokens = int(batch.size)
-        planned = self.cache.plan(n_tokens)
-        n_out = n_tokens if all_rows else 1
-        graph, logits, inp = self._graph(BatchShape(n_tokens, planned.n_kv, n_out, planned.n_kv_swa))
-        (result,) = self.runner.run(graph, [logits], inp.data(batch, planned))
-        self.cache.commit(planned)
-        return result.reshape(n_out, self.n_vocab).astype(np.float32, copy=False) if need else None
+        n_pad = prompt_bucket(n_tokens)
+        if n_pad > self.n_batch or self.cache.n_past + n_pad > self.n_ctx or not self._fits_ring(n_pad):
+            n_pad = n_tokens
+        tokens = batch if n_pad == n_tokens else np.concatenate([batch, np.zeros(n_pad - n_tokens, batch.dtype)])
+        planned = self.cache.plan(n_pad)
+        n_out = n_pad if all_rows else 1
+        graph, logits, inp = self._graph(BatchShape(n_pad, planned.n_kv, n_out, planned.n_kv_swa))
+        (result,) = self.runner.run(graph, [logits], inp.data(tokens, planned, last=n_tokens - 1))
+        self.cache.commit(planned, n_tokens)
+        if not need:
+            return None
+        return result.reshape(n_out, self.n_vocab)[:n_tokens if all_rows else 1].astype(np.float32, copy=False)
+
+    def _fits_ring(self, n_tokens: int) -> bool:
+        """Whether a batch of n_tokens fits the sliding-window layers' ring (KVCache.plan's rule)."""
+        swa = self.cache.swa
+        return swa is None or swa.size >= self.n_ctx or n_tokens + swa.window - 1 <= swa.size
 
     def _graph(self, shape: BatchShape) -> tuple[Graph, Tensor, ModelInputs]:
-        """The batch graph: built in a fresh Context, except that single-token (decode) graphs are
-        kept per KV bucket, so a decode loop submits the very same graph and skips rebuilding it
-        (the scheduler would reuse its plan for an equal rebuilt graph too; this saves the build)."""
+        """The batch graph, kept per shape (the last KEPT_GRAPHS): a decode loop, or prompts of
+        nearby lengths, submit the very same graph, so nothing is rebuilt, re-planned or bound again."""
         key = (shape, self.flash_attn)
-        hit = self._decode_graphs.get(key)
-        if hit is not None:
-            return hit
-        t0 = time.perf_counter()
-        logits, inp = self.arch.build(Context(), self.hp, self.weights, self.cache, shape, self.flash_attn)
-        graph = build_graph([logits])
-        self.runner.timings["build graph"] += time.perf_counter() - t0
-        if shape.n_tokens == 1:
-            if len(self._decode_graphs) >= 8:
-                self._decode_graphs.clear()
-            self._decode_graphs[key] = (graph, logits, inp)
-        return graph, logits, inp
+        hit = self._graphs.pop(key, None)
+        if hit is None:
+            t0 = time.perf_counter()
+            logits, inp = self.arch.build(Context(), self.hp, self.weights, self.cache, shape, self.flash_attn)
+            hit = (build_graph([logits]), logits, inp)
+            self.runner.timings["build graph"] += time.perf_counter() - t0
+            if len(self._graphs) >= KEPT_GRAPHS:
+                del self._graphs[next(iter(self._graphs))]  # the least recently used
+        self._graphs[key] = hit
+        return hit
 
     # --- generation -----------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.0,
