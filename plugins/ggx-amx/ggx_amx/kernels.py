@@ -10,7 +10,7 @@ matrix and up to 32 of its activation columns:
   tiles of 16 weight rows, four 16 x 16 int32 C tiles, `tdpbssd`); B tiles of 4-bit types are
   first unpacked from nibbles to one int8 per value (`_unpack_*`, ggml's `unpack_B`), Q8_0's are
   loaded from the layout as they are. The int32 tiles are then scaled into float accumulators
-  with 8-lane vector code (`_acc_*`, ggml's `acc_C`): C * d_w * d_a (+ m_w * s_a for Q4_1). K-quants
+  with 8-lane vector code (`_acc_c`, ggml's `acc_C`): C * d_w * d_a (+ m_w * s_a for Q4_1). K-quants
   run one step per sub-block (Q4_K: 32 values; Q6_K: 16, the A tile zero-padded from 16 to 32
   values as in ggml) and scale each step's tiles by the sub-block scales into int32 sums first
   (ggml's `scale_C`); Q4_K's mins come from the activation's Q8_K sums. The engine token decides
@@ -31,7 +31,10 @@ Inputs (checked by buffer.py before a kernel runs):
           scales, Q8_1 sums, sums of 4 (or Q8_K's of 16) values); column c of matrix g
           (cstart[g] <= c < cstart[g + 1]) reads row ycol[c] and writes row ocol[c] of `out`
           (rows of M floats); `direct`: ycol is the identity (MUL_MAT).
-  cfg     uint8 [64]: tiles.TILE_CONFIG.
+  cfg     uint8 [64]: tiles.tile_config().
+
+ggml double-buffers the C tiles to overlap the tile instructions with the previous step's
+accumulation; this loop runs them one after the other (simpler; the difference is unmeasured).
 """
 from __future__ import annotations
 
@@ -69,7 +72,7 @@ from ggx_cpu.extension import (
 )
 
 from .layout import TileFormat
-from .tiles import C_SLOT, STATE_BYTES, tile_begin, tile_end, tile_step
+from .tiles import C_SLOT, state_bytes, tile_begin, tile_end, tile_step
 from .vec import load_i32x8_at, load_s8_i32x8, nibbles_minus, q6_pair, store_i8x32
 
 BLOCK = 32  # weight rows and activation columns per task (ggml's 2 * TILE_N, 2 * TILE_M)
@@ -166,11 +169,11 @@ def _unpack_nibbles(w, src, bias, bt, bo):
 
 
 @njit(cache=True)
-def _unpack_q6(w, tile, g, bt, bo):
+def _unpack_q6(fmt, w, tile, g, bt, bo):
     """Q6_K's 16-value group g of a tile as tile rows 0-3 at bt[bo:] (values - 32); rows 4-7 stay
     zero (the A tile's values 16..31 are zero too, ggml's padding)."""
     for h in range(2):
-        hb = load_i8x32(w, tile + 2048 + 64 * g + 32 * h)
+        hb = load_i8x32(w, tile + _ox(fmt) + 64 * g + 32 * h)
         v0, v1 = q6_pair(load_i8x32(w, tile + 128 * g + 32 * h), hb, 0, 32)
         v2, v3 = q6_pair(load_i8x32(w, tile + 128 * g + 64 + 32 * h), hb, 4, 32)
         store_i8x32(bt, bo + 32 * h, v0)
@@ -237,8 +240,8 @@ def _block_k(eng, fmt, T, w, t0, t1, qs, yd, ys, s4, ycol, direct, c0, nv, K, i,
             _unpack_nibbles(w, t1 + 256 * k, 0, bt, 512)
             _step(eng, T, qs, ycol, direct, c0, nv, K, 256 * i + 32 * k, 32, bt, 0, 512, at, ct)
         else:  # 16 values per row, the A tiles zero-padded to 32
-            _unpack_q6(w, t0, k, bt, 0)
-            _unpack_q6(w, t1, k, bt, 512)
+            _unpack_q6(fmt, w, t0, k, bt, 0)
+            _unpack_q6(fmt, w, t1, k, bt, 512)
             _step(eng, T, qs, ycol, direct, c0, nv, K, 256 * i + 16 * k, 16, bt, 0, 512, at, ct)
         for q in range(4):
             sc = (t0 if q < 2 else t1) + _os(fmt) + 16 * k
@@ -457,7 +460,7 @@ def _run_tasks(isa, eng, fmt, w, wg, K, M, qs, yd, ys, s4, cstart, ycol, ocol, d
     """Tasks t0..t1 on this thread, with its own scratch and tile configuration. A matrix with one
     column runs the gemv, others the tiles."""
     nbk = K // _bs(fmt)
-    T = np.zeros(STATE_BYTES, np.uint8)  # the emulated engine's tile registers (unused by real AMX)
+    T = np.zeros(state_bytes(eng), np.uint8)  # the emulated engine's tile registers (none for real AMX)
     bt = np.zeros(1024, np.int8)  # two unpacked B tiles (Q6_K: rows 4-7 stay zero)
     at = np.zeros(1024, np.int8)  # two gathered A tiles
     ct = np.empty(4 * C_SLOT, np.int32)  # the four C tiles of a step

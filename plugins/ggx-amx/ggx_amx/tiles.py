@@ -33,7 +33,7 @@ from numba.core import types
 from numba.extending import intrinsic, overload
 
 from ggx.errors import GGXUnsupported
-from ggx_cpu.extension import TokenType, declare, elem_ptr, register_token
+from ggx_cpu.extension import TokenType, declare, elem_ptr, register_token, token_constant
 
 # --- the configuration and the step ------------------------------------------------------------------
 #: rows and bytes per row of tiles 0..7 (B, B, A, A, C, C, C, C)
@@ -120,6 +120,13 @@ def engine(name: str, support=None) -> Engine:
 #: it (its tiles are the CPU's).
 STATE_BYTES = 8 * 1024 + 64
 _CFG = 8 * 1024  # where the state keeps the configuration
+
+
+@token_constant
+def state_bytes(eng):
+    """Bytes of the tile state array a kernel allocates per thread for `eng`: the model's
+    register file (emulated), or none (real tiles are the CPU's)."""
+    return STATE_BYTES if eng.engine_name == "emulated" else 0
 
 
 @njit(cache=True, inline="always")
