@@ -2,10 +2,10 @@
 
 MUL_MAT of a [K, M] weight: gemv (one column, cold weights: the call rotates over enough
 weight copies to overflow the last-level cache) and gemm (512 columns), on 1 and 2 threads,
-for Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K; plus the one-time repack cost per MB at load. Prints GB/s of
+for Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K; plus the one-time repack cost per MB at load. Prints GB/s of
 weights (gemv), GOPS (gemm) and the repack / plain ratio. Targets: gemm >= 1.3x, gemv >= 1.0x.
 
-    python benchmarks/repack.py [--k 4096] [--m 4096] [--n 512] [--types q4_0,q4_1,q5_0,q8_0,q4_K]
+    python benchmarks/repack.py [--k 4096] [--m 4096] [--n 512] [--types q4_0,q4_1,q5_0,q8_0,q4_K,q6_K]
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=4096)
     ap.add_argument("--n", type=int, default=512)
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--types", default="q4_0,q4_1,q5_0,q8_0,q4_K")
+    ap.add_argument("--types", default="q4_0,q4_1,q5_0,q8_0,q4_K,q6_K")
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds of timing per measurement")
     args = ap.parse_args()
     from ggx_cpu import isa
