@@ -169,37 +169,12 @@ class RepackBufferType(ExtraBufferType):
         return why
 
     def _why_not(self, op: Tensor) -> str | None:
-        if op.op not in (Op.MUL_MAT, Op.MUL_MAT_ID):
-            return f"{op.op.name} is not a matmul (CPU_REPACK computes MUL_MAT and MUL_MAT_ID only)"
-        if len(op.src) < (3 if op.op is Op.MUL_MAT_ID else 2):
-            return f"{op.describe()} lacks sources"
-        a, b = op.src[0], op.src[1]
-        if _buft_of(a) is not self:
-            return f"weight {a.describe()} is not in {NAME}"
-        if a.view_src is not None or not a.is_contiguous():
-            return f"weight {a.describe()} is a view or not contiguous"
-        if op.op is Op.MUL_MAT and (a.ne[2] != 1 or a.ne[3] != 1):
-            return f"MUL_MAT weight {a.describe()} is not 2-D"
-        if self.layout_for(a) is None:
-            return f"weight {a.describe()} has no repacked layout on this CPU (ISA {_isa()})"
-        if b.type is not GType.F32 or a.ne[0] != b.ne[0] or not b.has_contiguous_rows():
-            return f"activations {b.describe()} must be F32 with contiguous rows of K={a.ne[0]}"
-        for s in op.src[1:]:
-            sb = _buft_of(s)
-            if sb is not None and not sb.is_host:
-                return f"{s.describe()} is not in host memory ({sb.name})"
-        if op.type is not GType.F32:
-            return f"destination {op.describe()} must be F32"
-        if op.op is Op.MUL_MAT_ID:
-            ids = op.src[2]
-            if ids.type is not GType.I32 or ids.ne[2] != 1 or ids.ne[3] != 1 or b.ne[3] != 1:
-                return f"MUL_MAT_ID ids {ids.describe()} / b {b.describe()} have unexpected shapes"
-            want = (a.ne[1], ids.ne[0], ids.ne[1], 1)
-        else:
-            want = (a.ne[1], b.ne[1], b.ne[2], b.ne[3])
-        if tuple(op.ne) != want:  # the kernel writes exactly this many rows of M
-            return f"destination {op.describe()} should be {list(want)}"
-        return None
+        from ggx_cpu.extension import matmul_problem
+
+        why = matmul_problem(op, self)
+        if why is None and self.layout_for(op.src[0]) is None:
+            return f"weight {op.src[0].describe()} has no repacked layout on this CPU (ISA {_isa()})"
+        return why
 
     def supports_op(self, op: Tensor) -> bool:
         return self.why_not(op) is None
@@ -236,20 +211,13 @@ def _columns(op: Tensor, lay: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarra
     if op.op is Op.MUL_MAT:  # one matrix for every column of b (b's dims 2/3 broadcast over it)
         wg, cstart, cols = _mul_mat_plan(off, b.ne[1] * b.ne[2] * b.ne[3])
         return wg, cstart, cols, cols
+    from ggx_cpu.extension import expert_columns
+
     ids = op.src[2]
-    n_used, n_tokens = ids.ne[0], ids.ne[1]
-    experts = np.ascontiguousarray(tensor_array(ids)).reshape(n_tokens, n_used)
-    bad = (experts < 0) | (experts >= a.ne[2])
-    if bad.any():
-        t, e = np.argwhere(bad)[0]
-        raise GGXShapeError(f"mul_mat_id: ids[{e}, {t}] = {experts[t, e]} is not an expert of {a.describe()}")
-    flat = experts.reshape(-1)  # slot s = t * n_used + e is output row s
-    slots = np.argsort(flat, kind="stable")
-    used, counts = np.unique(flat[slots], return_counts=True)
-    ycol = (slots // n_used) * b.ne[1] + (slots % n_used) % b.ne[1]
-    cstart = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    experts = np.ascontiguousarray(tensor_array(ids)).reshape(ids.ne[1], ids.ne[0])
+    cols = expert_columns(experts, a.ne[2], b.ne[1])
     per_expert = lay.packed_nbytes((a.ne[0], a.ne[1], 1, 1))
-    return (off + used * per_expert).astype(np.int64), cstart, ycol.astype(np.int64), slots.astype(np.int64)
+    return (off + cols.used * per_expert).astype(np.int64), cols.cstart, cols.ycol, cols.slot
 
 
 def _f32_rows(t: Tensor, k: int) -> np.ndarray | None:
