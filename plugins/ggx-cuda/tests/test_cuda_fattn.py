@@ -103,6 +103,7 @@ def test_ggx_runs_its_tile_kernel_where_ggml_runs_mma_and_the_generic_one_where_
     assert fattn.kernel_for(shape(head=40), H100) == TILE
     assert fattn.kernel_for(shape(mask_heads=9), H100) == "generic"
     assert fattn.kernel_for(shape(kv=BF16), H100) == "generic"  # ggml's vec, not ggx's types
+    assert fattn.kernel_for(shape(kv=F32), H100) == "generic"
     assert fattn.kernel_for(shape(head=192, head_v=128, n_head=16, n_head_kv=2), H100) == "generic"
 
 
@@ -149,7 +150,7 @@ def _fa_case(name, d, kv_t, n_tokens, n_kv, n_head, n_head_kv, batch=1, max_bias
 
 VEC_CASES = [
     _fa_case("smollm2_decode", 64, F16, 1, 512, 9, 3),
-    _fa_case("d128_gqa4_f32", 128, F32, 1, 768, 8, 2, masked=False),
+    _fa_case("d128_gqa4", 128, F16, 1, 768, 8, 2, masked=False),
     _fa_case("d256_softcap", 256, F16, 1, 256, 2, 1, softcap=30.0),
     _fa_case("alibi_batches", 64, F16, 1, 512, 4, 4, batch=2, max_bias=8.0),
     _fa_case("no_mask", 128, F16, 1, 256, 2, 2, mask=False),
@@ -157,7 +158,7 @@ VEC_CASES = [
 ]
 TILE_CASES = [
     _fa_case("prefill_d64", 64, F16, 37, 512, 9, 3),
-    _fa_case("d80_f32", 80, F32, 5, 300, 2, 1, masked=False),
+    _fa_case("d80", 80, F16, 5, 300, 2, 1, masked=False),
     _fa_case("d256_softcap_two_tiles", 256, F16, 17, 256, 2, 1, softcap=20.0),
     _fa_case("d40_alibi", 40, F16, 3, 100, 4, 2, max_bias=8.0),
 ]
@@ -181,7 +182,7 @@ def test_kernels_against_the_reference(c, host_cc):
 
 
 @pytest.mark.parametrize("c", [_fa_case("two_rows_d64", 64, F16, 3, 512, 4, 2),
-                               _fa_case("two_rows_d128_f32", 128, F32, 2, 256, 2, 1, softcap=10.0)],
+                               _fa_case("two_rows_d128", 128, F16, 2, 256, 2, 1, softcap=10.0)],
                          ids=lambda c: dict(c.vars)["name"])
 def test_vec_with_two_rows_per_block_and_one_parallel_block(c, host_cc):
     """The vec kernel's 2-row instances (ggml picks them for quantized K/V, which ggx does not

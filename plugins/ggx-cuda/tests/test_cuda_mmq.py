@@ -32,7 +32,7 @@ KB = 1024
 def test_names_compile_and_lower(arch_):
     lowered = ct.check_compiles(mmq.SOURCE, arch_)
     assert set(lowered) == set(NAME_EXPRESSIONS[mmq.SOURCE])
-    assert len(lowered) == 7 * 5 + 1
+    assert len(lowered) == 7 * 4 + 1
 
 
 def test_the_mma_path_is_real_ptx():

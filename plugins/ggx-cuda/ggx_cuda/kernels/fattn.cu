@@ -1,5 +1,5 @@
-// FLASH_ATTN_EXT for F16 or F32 K/V of one type (ggml-cuda's fattn-vec.cuh, fattn-tile.cuh and
-// fattn-common.cuh's combine kernel, written for ggx):
+// FLASH_ATTN_EXT for K/V of one type KT (F16 instantiated; ggml-cuda's fattn-vec.cuh,
+// fattn-tile.cuh and fattn-common.cuh's combine kernel, written for ggx):
 //
 //   out[:, h, t, b] = sum_j softmax_j(s_j) v[:, j, h / gqa, b / r3]
 //   s_j = softcap * tanh(scale' * q . k_j) with scale' = scale / softcap   (softcap != 0)

@@ -2,8 +2,8 @@
 // to block_q8_1_mmq (quantize.cu), as tiles of int8 in shared memory.
 //
 //   k_mul_mat_q<T, JMAX>   dst tiles of MMQ_I rows x J columns, J <= JMAX a multiple of 8 (ggml
-//       instantiates every J; ggx one kernel per power of two, J a launch argument: the same tiles
-//       from 5 instead of 16 instantiations per type). Work unit: one MMQ_ITER_K (256)
+//       instantiates every J; ggx one kernel per power of two from 16, J a launch argument: the
+//       same tiles from 4 instead of 16 instantiations per type). Work unit: one MMQ_ITER_K (256)
 //       slice of K of one tile; the units of all tiles (tile t = (z * ntx + jt) * nty + it: rows
 //       fastest, z the channel) are split evenly over the grid's blocks (stream-K, ggml's
 //       decomposition): block b takes units [b * total / nblocks, (b + 1) * total / nblocks). A

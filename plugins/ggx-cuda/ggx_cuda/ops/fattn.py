@@ -5,8 +5,9 @@ fattn-common.cuh's launch_fattn), kernels in kernels/fattn.cu.
 node's shape (head sizes, GQA ratio, query rows, sequences, KV length, K/V types, mask, ALiBi,
 16-byte strides) and the compute capability: "vec", "tile", "mma_f16" or "none". ggx has no
 tensor-core attention kernel: where ggml picks MMA_F16, ggx runs its tile kernel; where ggml has
-none (NONE: head sizes, per-head masks, K/V of different types, ...) the generic kernel of
-part 1 (ops/attention.py) computes the node. `kernel_for` is that map.
+none (NONE: head sizes, per-head masks, K/V of different types, ...) or ggx's vec / tile kernels
+do not read the K/V type (they read F16), the generic kernel of part 1 (ops/attention.py)
+computes the node. `kernel_for` is that map.
 
 The vec kernel's parallel blocks over the KV length follow launch_fattn (its non-stream-K path):
 start from the blocks one SM holds, at most ceil(KV / D), and take more while that raises the
@@ -38,8 +39,9 @@ MAX_GRID_YZ = 65535
 
 #: ggml_cuda_fattn_kv_type_supported without GGML_CUDA_FA_ALL_QUANTS
 GGML_KV_TYPES = (GType.F32, GType.F16, GType.Q4_0, GType.Q8_0, GType.BF16)
-#: what ggx's vec and tile kernels read
-KV_TYPES = {GType.F16: "__half", GType.F32: "float"}
+#: what ggx's vec and tile kernels read (F16, the KV cache's type; F32 K/V run the generic kernel:
+#: fewer instantiations to compile)
+KV_TYPES = {GType.F16: "__half"}
 VEC_HEADS = (64, 128, 256)
 TILE_HEADS = (40, 64, 72, 80, 96, 112, 128, 256)
 
