@@ -27,33 +27,6 @@
 static_assert(FA_CHUNK == FA_BLOCK, "one score per thread in the softmax step");
 static_assert(FA_DMAX % FA_BLOCK == 0, "whole output dims per thread");
 
-// max that keeps a NaN (fmaxf would drop it)
-static __device__ __forceinline__ float fa_max(float a, float b) { return (a > b || a != a) ? a : b; }
-
-struct fa_max_op {
-    static __device__ __forceinline__ float identity() { return -ggx_inf(); }
-    static __device__ __forceinline__ float apply(float a, float b) { return fa_max(a, b); }
-};
-
-// The block's OP (ggx_sum, fa_max_op) of v, for every thread: the warps' results in `red`
-// (FA_NWARPS floats), combined in order by each thread. The leading barrier lets the block call
-// it again with the same `red`.
-template <typename OP>
-static __device__ __forceinline__ float fa_block_reduce(float v, float * red) {
-    v = ggx_warp_reduce<OP>(v);
-    __syncthreads();
-    if (threadIdx.x % GGX_WARP == 0) {
-        red[threadIdx.x / GGX_WARP] = v;
-    }
-    __syncthreads();
-    float r = OP::identity();
-#pragma unroll
-    for (int w = 0; w < FA_NWARPS; ++w) {
-        r = OP::apply(r, red[w]);
-    }
-    return r;
-}
-
 // KT, VT: float or __half. mask: F16 or null (has_mask 0). slope(h) = 1 when max_bias <= 0, else
 // h < n_head_log2 ? m0^(h+1) : m1^(2 (h - n_head_log2) + 1) (ggml's ALiBi).
 template <typename KT, typename VT>
@@ -121,7 +94,7 @@ __global__ void __launch_bounds__(FA_BLOCK) k_flash_attn_ext(const ggx_u8 * q, c
         __syncthreads();
         // online softmax: the chunk's max, the new running max, the weights
         const float s_own = tid < nj ? sp[tid] : neg_inf;
-        const float M_new = fa_max(M, fa_block_reduce<fa_max_op>(s_own, red));
+        const float M_new = ggx_max_nan(M, ggx_block_reduce_ordered<ggx_max_keep_nan, FA_NWARPS>(s_own, red));
         if (M_new == neg_inf) {  // every key so far is masked: nothing to add (uniform branch)
             __syncthreads();
             continue;
@@ -131,7 +104,7 @@ __global__ void __launch_bounds__(FA_BLOCK) k_flash_attn_ext(const ggx_u8 * q, c
         if (tid < nj) {
             sp[tid] = p_own;
         }
-        S = S * alpha + fa_block_reduce<ggx_sum>(p_own, red);  // its barriers also publish sp
+        S = S * alpha + ggx_block_reduce_ordered<ggx_sum, FA_NWARPS>(p_own, red);  // its barriers also publish sp
         M = M_new;
 #pragma unroll
         for (int i = 0; i < FA_PER_THREAD; ++i) {

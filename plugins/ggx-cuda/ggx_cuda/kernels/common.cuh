@@ -386,4 +386,31 @@ static __device__ __forceinline__ float ggx_block_reduce(float v, float * s) {
 }
 
 static __device__ __forceinline__ float ggx_block_sum(float v, float * s) { return ggx_block_reduce<ggx_sum>(v, s); }
+
+// max that keeps a NaN (fmaxf drops it): softmax's running max, where a NaN score makes a NaN row
+static __device__ __forceinline__ float ggx_max_nan(const float a, const float b) { return (a > b || a != a) ? a : b; }
+
+struct ggx_max_keep_nan {
+    static __device__ __forceinline__ float identity() { return -ggx_inf(); }
+    static __device__ __forceinline__ float apply(float a, float b) { return ggx_max_nan(a, b); }
+};
+
+// OP over a block of NWARPS warps (1-D), for every thread: the warps' results in red[NWARPS],
+// combined in warp order by each thread (the same value everywhere, whatever OP's rounding). The
+// leading barrier lets the block call it again with the same `red`.
+template <typename OP, int NWARPS>
+static __device__ __forceinline__ float ggx_block_reduce_ordered(float v, float * red) {
+    v = ggx_warp_reduce<OP>(v);
+    __syncthreads();
+    if (threadIdx.x % GGX_WARP == 0) {
+        red[threadIdx.x / GGX_WARP] = v;
+    }
+    __syncthreads();
+    float r = OP::identity();
+#pragma unroll
+    for (int w = 0; w < NWARPS; ++w) {
+        r = OP::apply(r, red[w]);
+    }
+    return r;
+}
 static __device__ __forceinline__ float ggx_block_max(float v, float * s) { return ggx_block_reduce<ggx_max>(v, s); }

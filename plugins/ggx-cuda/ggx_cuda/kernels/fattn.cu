@@ -40,32 +40,6 @@
 #define FA_TILE_THREADS 256
 #define FA_TILE_WARPS (FA_TILE_THREADS / GGX_WARP)
 
-// max that keeps a NaN (fmaxf drops it)
-static __device__ __forceinline__ float fattn_max(const float a, const float b) { return (a > b || a != a) ? a : b; }
-
-struct fattn_max_op {
-    static __device__ __forceinline__ float identity() { return -ggx_inf(); }
-    static __device__ __forceinline__ float apply(float a, float b) { return fattn_max(a, b); }
-};
-
-// The block's OP of v for every thread (NWARPS warps): warp results in red[NWARPS], combined in
-// order. The leading barrier lets the block call it again with the same `red`.
-template <typename OP, int NWARPS>
-static __device__ __forceinline__ float fattn_block_reduce(float v, float * red) {
-    v = ggx_warp_reduce<OP>(v);
-    __syncthreads();
-    if (threadIdx.x % GGX_WARP == 0) {
-        red[threadIdx.x / GGX_WARP] = v;
-    }
-    __syncthreads();
-    float r = OP::identity();
-#pragma unroll
-    for (int w = 0; w < NWARPS; ++w) {
-        r = OP::apply(r, red[w]);
-    }
-    return r;
-}
-
 // the score of raw dot product `dot` (Q already scaled) for key j of a query row
 static __device__ __forceinline__ float fattn_score(float dot, const float softcap, const __half * mrow, const int j,
                                                     const float slope) {
@@ -81,7 +55,7 @@ static __device__ __forceinline__ float fattn_score(float dot, const float softc
 // A chunk's new running max and its rescale factor for the old sums: (M', exp(M - M')); a max that
 // is still -inf (every key so far masked) leaves the sums as they are
 static __device__ __forceinline__ float fattn_rescale(float & M, const float chunk_max) {
-    const float M_new = fattn_max(M, chunk_max);
+    const float M_new = ggx_max_nan(M, chunk_max);
     const float alpha = M_new == -ggx_inf() ? 1.0f : expf(M - M_new);
     M = M_new;
     return alpha;
@@ -177,7 +151,7 @@ __global__ void __launch_bounds__(FA_VEC_THREADS, 1) k_fattn_vec(const ggx_u8 * 
 #pragma unroll
         for (int c = 0; c < NCOLS; ++c) {
             const float s = sp[c][tid];
-            const float alpha = fattn_rescale(M[c], fattn_block_reduce<fattn_max_op, FA_VEC_WARPS>(s, red));
+            const float alpha = fattn_rescale(M[c], ggx_block_reduce_ordered<ggx_max_keep_nan, FA_VEC_WARPS>(s, red));
             const float p = M[c] == -ggx_inf() ? 0.0f : expf(s - M[c]);
             S[c] = S[c] * alpha + p;
 #pragma unroll
@@ -206,7 +180,7 @@ __global__ void __launch_bounds__(FA_VEC_THREADS, 1) k_fattn_vec(const ggx_u8 * 
 
 #pragma unroll
     for (int c = 0; c < NCOLS; ++c) {
-        const float S_all = fattn_block_reduce<ggx_sum, FA_VEC_WARPS>(S[c], red);
+        const float S_all = ggx_block_reduce_ordered<ggx_sum, FA_VEC_WARPS>(S[c], red);
         if (t0 + c >= T) {
             continue;
         }
@@ -236,7 +210,7 @@ __global__ void __launch_bounds__(FA_VEC_THREADS) k_fattn_combine(const float * 
     const float * ml = meta + 2 * row * P;
     float M = -ggx_inf();
     for (int l = 0; l < P; ++l) {
-        M = fattn_max(M, ml[2 * l]);
+        M = ggx_max_nan(M, ml[2 * l]);
     }
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float num = 0.0f;
@@ -256,6 +230,16 @@ template <int D>
 struct fattn_tile_kb {
     static constexpr int value = (4096 / D) / 8 * 8 > 64 ? 64 : (4096 / D) / 8 * 8;
 };
+
+// rows j0 .. j0 + nj of a K or V head (row stride nb1) into s[KB][D + 1] as float, zeros past nj
+template <int D, int KB, typename KT>
+static __device__ __forceinline__ void fattn_stage(float (*s)[D + 1], const ggx_u8 * base, const ggx_i64 nb1,
+                                                   const int j0, const int nj) {
+    for (int e = threadIdx.x; e < KB * D; e += FA_TILE_THREADS) {
+        const int jj = e / D;
+        s[jj][e % D] = jj < nj ? ggx_to_f32(((const KT *) (base + (ggx_i64) (j0 + jj) * nb1))[e % D]) : 0.0f;
+    }
+}
 
 template <int D, typename KT>
 __global__ void __launch_bounds__(FA_TILE_THREADS, 1) k_fattn_tile(const ggx_u8 * q, const ggx_u8 * k,
@@ -305,10 +289,7 @@ __global__ void __launch_bounds__(FA_TILE_THREADS, 1) k_fattn_tile(const ggx_u8 
     for (int j0 = 0; j0 < KV; j0 += KB) {
         const int nj = min(KB, KV - j0);
         __syncthreads();  // the previous chunk's values are consumed; Q is staged
-        for (int e = tid; e < KB * D; e += FA_TILE_THREADS) {
-            const int jj = e / D;
-            skv[jj][e % D] = jj < nj ? ggx_to_f32(((const KT *) (kb + (ggx_i64) (j0 + jj) * nbk1))[e % D]) : 0.0f;
-        }
+        fattn_stage<D, KB, KT>(skv, kb, nbk1, j0, nj);
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < SPT; ++i) {
@@ -331,9 +312,9 @@ __global__ void __launch_bounds__(FA_TILE_THREADS, 1) k_fattn_tile(const ggx_u8 
         for (int c = warp; c < NC; c += FA_TILE_WARPS) {
             float mx = -ggx_inf();
             for (int jj = lane; jj < KB; jj += GGX_WARP) {
-                mx = fattn_max(mx, ss[c][jj]);
+                mx = ggx_max_nan(mx, ss[c][jj]);
             }
-            mx = ggx_warp_reduce<fattn_max_op>(mx);
+            mx = ggx_warp_reduce<ggx_max_keep_nan>(mx);
             float M = sM[c];
             const float alpha = fattn_rescale(M, mx);
             float sum = 0.0f;
@@ -350,10 +331,7 @@ __global__ void __launch_bounds__(FA_TILE_THREADS, 1) k_fattn_tile(const ggx_u8 
             }
         }
         __syncthreads();
-        for (int e = tid; e < KB * D; e += FA_TILE_THREADS) {
-            const int jj = e / D;
-            skv[jj][e % D] = jj < nj ? ggx_to_f32(((const KT *) (vb + (ggx_i64) (j0 + jj) * nbv1))[e % D]) : 0.0f;
-        }
+        fattn_stage<D, KB, KT>(skv, vb, nbv1, j0, nj);
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < OPT; ++i) {

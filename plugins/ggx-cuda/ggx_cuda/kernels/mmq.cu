@@ -51,6 +51,18 @@
 // load32(row, g, q, d0, d1, m): values 32 g .. 32 g + 31 of a row as 8 ints of int8 quants q, the
 // scales of their two halves, and the min term per 32 (0 where the type has none: DS4 false).
 
+// the 32 nibbles at qs (byte j: values j and j + 16) as 8 ints of int8 values 0..15; B4: the bytes
+// are 4-byte aligned (Q4_1), else 2-byte (Q4_0)
+template <bool B4>
+static __device__ __forceinline__ void mmq_nibbles(const ggx_u8 * qs, int * q) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int v = B4 ? ggx_int_b4(qs, i) : ggx_int_b2(qs, i);
+        q[i] = v & 0x0F0F0F0F;
+        q[i + 4] = (v >> 4) & 0x0F0F0F0F;
+    }
+}
+
 // Q4_0: q = nibble, min -8 d
 struct mmq_q4_0 {
     static constexpr int qk = 32, ts = 18;
@@ -58,12 +70,7 @@ struct mmq_q4_0 {
     static __device__ __forceinline__ void load32(const ggx_u8 * row, const int g, int * q, float & d0, float & d1,
                                                   float & m) {
         const ggx_u8 * b = row + (ggx_i64) g * ts;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int v = ggx_int_b2(b + 2, i);
-            q[i] = v & 0x0F0F0F0F;
-            q[i + 4] = (v >> 4) & 0x0F0F0F0F;
-        }
+        mmq_nibbles<false>(b + 2, q);
         d0 = d1 = ggx_f16_at(b);
         m = -8.0f * d0;
     }
@@ -76,12 +83,7 @@ struct mmq_q4_1 {
     static __device__ __forceinline__ void load32(const ggx_u8 * row, const int g, int * q, float & d0, float & d1,
                                                   float & m) {
         const ggx_u8 * b = row + (ggx_i64) g * ts;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int v = ggx_int_b4(b + 4, i);
-            q[i] = v & 0x0F0F0F0F;
-            q[i + 4] = (v >> 4) & 0x0F0F0F0F;
-        }
+        mmq_nibbles<true>(b + 4, q);
         d0 = d1 = ggx_f16_at(b);
         m = ggx_f16_at(b + 2);
     }

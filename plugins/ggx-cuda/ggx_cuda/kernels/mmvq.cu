@@ -30,17 +30,25 @@
 // vec_dot(bx, by, iqs): this thread's part of block bx (at its first byte) times the q8_1 blocks
 // by[0..qk/32) it spans, from int iqs of the block's quants.
 
+// the dot product of 2 ints of nibbles from int iqs of qs (byte j: values j and j + 16) with the
+// q8_1 block's quants of the same values; B4: qs 4-byte aligned (Q4_1), else 2-byte (Q4_0)
+template <bool B4>
+static __device__ __forceinline__ int mmvq_nibble_dot(const ggx_u8 * qs, const ggx_block_q8_1 * by, const int iqs) {
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int v = B4 ? ggx_int_b4(qs, iqs + i) : ggx_int_b2(qs, iqs + i);
+        sumi = ggx_dp4a(v & 0x0F0F0F0F, by->qs[iqs + i], sumi);
+        sumi = ggx_dp4a((v >> 4) & 0x0F0F0F0F, by->qs[iqs + i + 4], sumi);
+    }
+    return sumi;
+}
+
 // Q4_0: f16 d, 16 bytes of nibbles (byte j: values j and j + 16)
 struct mmvq_q4_0 {
     static constexpr int qk = 32, qi = 4, vdr = 2;
     static __device__ __forceinline__ float vec_dot(const ggx_u8 * bx, const ggx_block_q8_1 * by, const int iqs) {
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < vdr; ++i) {
-            const int v = ggx_int_b2(bx + 2, iqs + i);
-            sumi = ggx_dp4a(v & 0x0F0F0F0F, by->qs[iqs + i], sumi);
-            sumi = ggx_dp4a((v >> 4) & 0x0F0F0F0F, by->qs[iqs + i + qi], sumi);
-        }
+        const int sumi = mmvq_nibble_dot<false>(bx + 2, by, iqs);
         // -8 per quant: each of the qi / vdr threads of a block subtracts its share of 8 * s
         return ggx_f16_at(bx) * ((float) sumi * ggx_f16_to_f32(by->d) - (8.0f * vdr / qi) * ggx_f16_to_f32(by->s));
     }
@@ -50,13 +58,7 @@ struct mmvq_q4_0 {
 struct mmvq_q4_1 {
     static constexpr int qk = 32, qi = 4, vdr = 2;
     static __device__ __forceinline__ float vec_dot(const ggx_u8 * bx, const ggx_block_q8_1 * by, const int iqs) {
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < vdr; ++i) {
-            const int v = ggx_int_b4(bx + 4, iqs + i);
-            sumi = ggx_dp4a(v & 0x0F0F0F0F, by->qs[iqs + i], sumi);
-            sumi = ggx_dp4a((v >> 4) & 0x0F0F0F0F, by->qs[iqs + i + qi], sumi);
-        }
+        const int sumi = mmvq_nibble_dot<true>(bx + 4, by, iqs);
         const float d = ggx_f16_at(bx) * ggx_f16_to_f32(by->d);
         const float ms = ggx_f16_at(bx + 2) * ggx_f16_to_f32(by->s);
         return (float) sumi * d + ms * ((float) vdr / qi);
