@@ -77,16 +77,23 @@ def model_quantize_q8_1(launch, a: dict, ctx) -> None:
     out["d"], out["s"], out["qs"] = fp32_to_fp16(d).view(np.uint16), fp32_to_fp16(s).view(np.uint16), q
 
 
+def _ints(ctx, addr, n: int) -> np.ndarray:
+    return ctx.mem.view(int(addr), (n,), (4,), np.int32).copy()
+
+
 def model_quantize_mmq(launch, a: dict, ctx) -> None:
     ds4 = ct._template_args(launch.kernel.name)[0] == "true"
     nkb, ne1, nz = launch.grid
-    K, ne2 = int(a["K"]), int(a["ne2"])
+    K, ne2, ne1_src = int(a["K"]), int(a["ne2"]), int(a["ne1_src"])
     assert launch.block == (128, 1, 1) and nkb * 128 >= K and nkb % 2 == 0
     nb = (4, int(a["nb1"]), int(a["nb2"]), int(a["nb3"]))
+    ids = _ints(ctx, a["ids"], ne1) if int(a["ids"]) else None
+    assert ids is None or nz == 1
     x = np.zeros((nz, ne1, nkb * 128), F32)
     for z in range(nz):
         for i1 in range(ne1):
-            x[z, i1, :K] = ct._row(ctx.mem, a["x"], (i1, z % ne2, z // ne2), nb, K)
+            i = (i1, z % ne2, z // ne2) if ids is None else (int(ids[i1]) % ne1_src, int(ids[i1]) // ne1_src, 0)
+            x[z, i1, :K] = ct._row(ctx.mem, a["x"], i, nb, K)
     q, d, s = q8_1_groups(x.reshape(nz, ne1, nkb, 4, 32), mmq=True)
     out = ctx.mem.view(int(a["y"]), (nz * nkb * ne1 * 144,), (1,), np.uint8).view(Q8_1_MMQ).reshape(nz, nkb, ne1)
     out["qs"] = q.transpose(0, 2, 1, 3, 4).reshape(nz, nkb, ne1, 128)
@@ -220,6 +227,40 @@ def _stream_k_ranges(total: int, nblocks: int):
     return [(b * total // nblocks, (b + 1) * total // nblocks) for b in range(nblocks)]
 
 
+def _tile_columns(a: dict, ctx, z: int, col0: int, J: int, ncols: int) -> tuple[int, list[int], list[int]]:
+    """mmq.cu's mmq_cols: (the tile's first column in y's channel, its y columns, their dst columns)."""
+    if int(a["bounds"]):
+        lo, hi = _ints(ctx, int(a["bounds"]) + 4 * z, 2)
+        first = int(lo) + col0
+        n = max(0, min(J, int(hi) - first))
+        return first, list(range(first, first + n)), [int(c) for c in _ints(ctx, a["ids_dst"], ncols)[first:first + n]]
+    cols = [c for c in range(col0, col0 + J) if c < ncols]
+    return col0, cols, cols
+
+
+def model_mmid_group(launch, a: dict, ctx) -> None:
+    E, n_used, T, b_ne1, M = (int(a[x]) for x in ("n_expert", "n_used", "n_tokens", "b_ne1", "M"))
+    assert launch.grid == (1, 1, 1)
+    ids = np.array([[int(ctx.mem.view(int(a["ids"]) + s * int(a["nb_ids0"]) + t * int(a["nb_ids1"]), (1,), (4,),
+                                      np.int32)[0]) for s in range(n_used)] for t in range(T)])
+    src1, dst, bounds = [], [], [0]
+    for e in range(E):
+        for t in range(T):
+            for s in range(n_used):
+                if ids[t, s] == e:
+                    src1.append(t * b_ne1 + s % b_ne1)
+                    dst.append(t * n_used + s)
+        bounds.append(len(src1))
+    P = n_used * T
+    src1, dst = src1 + [0] * (P - len(src1)), dst + [-1] * (P - len(dst))
+    for addr, v in ((a["ids_src1"], src1), (a["ids_dst"], dst), (a["bounds"], bounds)):
+        ctx.mem.view(int(addr), (len(v),), (4,), np.int32)[:] = v
+    for t in range(T):
+        for s in range(n_used):
+            if not 0 <= ids[t, s] < E:
+                ctx.mem.view(int(a["dst"]) + s * int(a["nb_dst1"]) + t * int(a["nb_dst2"]), (M,), (4,), F32)[:] = np.nan
+
+
 def model_mmq(launch, a: dict, ctx) -> None:
     name, jmax = ct._template_args(launch.kernel.name)
     gtype, jmax = MMQ_TYPES[name], int(jmax)
@@ -238,17 +279,21 @@ def model_mmq(launch, a: dict, ctx) -> None:
             k1 = min(ipt, k0 + stop - kbc)
             row0, col0, z = tile % nty * MMQ_I, tile // nty % ntx * J, tile // (nty * ntx)
             i2, i3 = z % ne12, z // ne12
+            _, cols, dst_cols = _tile_columns(a, ctx, z, col0, J, ncols)
+            if not cols:  # an expert with fewer columns: skipped
+                kbc += k1 - k0
+                continue
             xs = (int(a["x"]) + i3 // int(a["sample_ratio"]) * int(a["stride_sample_x"])
                   + i2 // int(a["channel_ratio"]) * int(a["stride_channel_x"]))
             rows = [min(row0 + i, nrows - 1) for i in range(MMQ_I)]
-            cols = [c for c in range(col0, col0 + J) if c < ncols]
+            zy = 0 if int(a["bounds"]) else z
             part = np.zeros((J, MMQ_I))
             for it in range(k0, k1):
                 kk = min(ITER_K, K - it * ITER_K)  # values of this slice
                 off = it * ITER_K // bs * ts
                 raw = np.stack([mem.view(xs + r * int(a["stride_row_x"]) + off, (kk // bs * ts,), (1,), np.uint8)
                                 for r in rows])
-                blocks = mem.view(int(a["y"]) + ((z * nkb + 2 * it) * ncols) * 144, (2 * ncols * 144,), (1,),
+                blocks = mem.view(int(a["y"]) + ((zy * nkb + 2 * it) * ncols) * 144, (2 * ncols * 144,), (1,),
                                   np.uint8).view(Q8_1_MMQ).reshape(2, ncols)[:, cols]
                 yq = blocks["qs"].transpose(1, 0, 2).reshape(len(cols), 256)[:, :kk]
                 ds = blocks["ds"].transpose(1, 0, 2).reshape(len(cols), 8)[:, :kk // 32]
@@ -260,7 +305,7 @@ def model_mmq(launch, a: dict, ctx) -> None:
                 part[:len(cols)] += product(raw, gtype, yq, yd, ysum)
             if k1 == ipt:
                 out = int(a["dst"]) + (i3 * int(a["stride_sample_dst"]) + i2 * int(a["stride_channel_dst"])) * 4
-                for j, c in enumerate(cols):
+                for j, c in enumerate(dst_cols):
                     n = min(MMQ_I, nrows - row0)
                     mem.view(out + (c * int(a["stride_col_dst"]) + row0) * 4, (n,), (4,), F32)[:] = part[j, :n]
             else:
@@ -291,9 +336,9 @@ def model_mmq_fixup(launch, a: dict, ctx) -> None:
         plane = (z // ne12) * int(a["stride_sample_dst"]) + (z % ne12) * int(a["stride_channel_dst"])
         out = int(a["dst"]) + 4 * plane
         n = min(MMQ_I, nrows - row0)
-        for j in range(min(J, ncols - col0)):
-            ctx.mem.view(out + ((col0 + j) * int(a["stride_col_dst"]) + row0) * 4, (n,), (4,), F32)[:] += acc[j, :n]
+        for j, c in enumerate(_tile_columns(a, ctx, z, col0, J, ncols)[2]):
+            ctx.mem.view(out + (c * int(a["stride_col_dst"]) + row0) * 4, (n,), (4,), F32)[:] += acc[j, :n]
 
 
 MODELS = {"k_quantize_q8_1": model_quantize_q8_1, "k_quantize_mmq": model_quantize_mmq, "k_mul_mat_vec_q": model_mmvq,
-          "k_mul_mat_q": model_mmq, "k_mmq_fixup": model_mmq_fixup}
+          "k_mul_mat_q": model_mmq, "k_mmq_fixup": model_mmq_fixup, "k_mmid_group": model_mmid_group}

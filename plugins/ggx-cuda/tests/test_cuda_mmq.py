@@ -1,9 +1,10 @@
-"""MMQ (ggx_cuda/ops/mmq.py, kernels/mmq.cu) without a GPU: ggml's rules as pure functions (each
-test names the ggml rule it mirrors), the source compiles for sm_80 / sm_90 with every
-instantiation lowered, and the kernels compiled for the host run against their numpy models
-(int_models.py: the stream-K split and the fixup included) and the reference backend, on both
-paths: int8 mma.sync (emulated for sm_90 by the shim's twin of the instruction; the real PTX is
-compile-checked only) and __dp4a (emulated for sm_75)."""
+"""MMQ (ggx_cuda/ops/mmq.py, kernels/mmq.cu; MUL_MAT_ID grouped by expert: kernels/mmid.cu)
+without a GPU: ggml's rules as pure functions (each test names the ggml rule it mirrors), the
+sources compile for sm_80 / sm_90 with every instantiation lowered, and the kernels compiled for
+the host run against their numpy models (int_models.py: the stream-K split and the fixup
+included) and the reference backend, on both paths: int8 mma.sync (emulated for sm_90 by the
+shim's twin of the instruction; the real PTX is compile-checked only) and __dp4a (emulated for
+sm_75)."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,6 +16,7 @@ from int_models import run_host_and_model
 
 from ggx.graph import Context
 from ggx.ops import Op
+from ggx.quants import dequantize
 from ggx.types import GType
 from ggx_cuda import arch
 from ggx_cuda.kernels import NAME_EXPRESSIONS
@@ -33,6 +35,7 @@ def test_names_compile_and_lower(arch_):
     lowered = ct.check_compiles(mmq.SOURCE, arch_)
     assert set(lowered) == set(NAME_EXPRESSIONS[mmq.SOURCE])
     assert len(lowered) == 7 * 4 + 1
+    assert set(ct.check_compiles(mmq.GROUP_KERNEL.source, arch_)) == {mmq.GROUP_KERNEL.name}
 
 
 def test_the_mma_path_is_real_ptx():
@@ -167,3 +170,93 @@ def test_kernel_matches_model_on_random_blocks(shape, device, host_cc):
 def test_conformance_cases_on_host_kernels(case, device, host_cc):
     assert matmul.mul_mat_path(ct.compute_nodes(case)[0], device) == "mmq"
     ct.check_case(case, matmul.supports_mul_mat, matmul.plan_mul_mat, device, host=True)
+
+
+# --- MUL_MAT_ID, grouped by expert -------------------------------------------------------------------
+def test_mul_mat_id_path_mirrors_ggml():
+    """ggml-cuda.cu ggml_cuda_mul_mat_id: up to get_mmvq_mmid_max_batch tokens MMVQ (ggx: its simple
+    kernel), then MMQ grouped by expert where should_use_mmq; mmvq.cu get_mmvq_mmid_max_batch:
+    8 on Volta and from Turing on (for ggx's types), Pascal's table before."""
+    from ggx_cuda.ops import mmvq
+
+    assert [mmvq.mmid_max_batch(t, arch.PASCAL + 10) for t in (Q4_0, Q8_0, Q4_K, Q6_K)] == [6, 4, 5, 4]
+    assert all(mmvq.mmid_max_batch(t, cc) == 8 for t in mmq.TYPES for cc in (arch.VOLTA, arch.TURING, arch.HOPPER))
+
+    def node(t, T):
+        c = Context()
+        return c.mul_mat_id(c.tensor(t, (256, 64, 8)), c.tensor(F32, (256, 2, T)), c.tensor(GType.I32, (2, T)))
+
+    assert matmul.mul_mat_id_path(node(Q4_0, 8), ct.H100) == "simple"
+    assert matmul.mul_mat_id_path(node(Q4_0, 9), ct.H100) == "mmq"
+    assert matmul.mul_mat_id_path(node(F16, 64), ct.H100) == "simple"
+    assert matmul.mul_mat_id_path(node(Q4_0, 64), dataclasses.replace(ct.H100, cc=(6, 1))) == "simple"
+
+
+def _moe_case(t, n_expert, n_used, n_tokens, b_ne1, m, k, pattern, seed=3):
+    from ggx.conformance.case import Builder
+    from ggx.conformance.cases import case
+
+    rng = np.random.default_rng(seed)
+    if pattern == "repeated":  # an expert twice in a token, another in every token
+        ids = np.stack([rng.integers(0, n_expert, n_used) for _ in range(n_tokens)])
+        ids[:, 0], ids[::2, 1] = 1, 1
+    elif pattern == "skewed":  # two experts get nearly everything, some none
+        ids = np.stack([rng.permutation(2 + n_used)[:n_used] % n_expert for _ in range(n_tokens)])
+    else:
+        ids = np.stack([rng.permutation(n_expert)[:n_used] for _ in range(n_tokens)])
+
+    def build(b: Builder):
+        experts = b.uniform(t, (k, m, n_expert), "as")
+        act = b.uniform(F32, (k, b_ne1, n_tokens), "b")
+        return b.ctx.mul_mat_id(experts, act, b.ints(GType.I32, (n_used, n_tokens), "ids", ids.astype(np.int32)))
+    return case(Op.MUL_MAT_ID, build, (t,), type_a=t, n_expert=n_expert, n_used=n_used, b_ne1=b_ne1,
+                n_tokens=n_tokens, m=m, k=k, ids=pattern)
+
+
+MOE = [_moe_case(Q4_0, 8, 2, 24, 1, 160, 256, "distinct"),
+       _moe_case(Q4_K, 4, 3, 17, 3, 96, 512, "repeated"),
+       _moe_case(Q6_K, 16, 4, 12, 4, 130, 256, "skewed"),
+       _moe_case(Q5_0, 6, 2, 40, 2, 64, 352, "distinct")]
+
+
+@pytest.mark.parametrize("device", [ct.H100, SMALL, TURING], ids=["mma", "mma-3sm", "dp4a"])
+@pytest.mark.parametrize("c", MOE, ids=lambda c: c.name)
+def test_mul_mat_id_grouped_against_the_reference(c, device, host_cc):
+    """Uneven experts (some without tokens, one repeated within a token), stream-K with its fixup on
+    3 SMs: the host-built kernels and the models, each against the reference."""
+    assert matmul.mul_mat_id_path(ct.compute_nodes(c)[-1], device) == "mmq"
+    ct.check_case(c, matmul.supports_mul_mat_id, matmul.plan_mul_mat_id, device, host=True)
+    ct.check_case(c, matmul.supports_mul_mat_id, matmul.plan_mul_mat_id, device)
+
+
+def test_mul_mat_id_launches_and_bad_ids(host_cc):
+    """The grouping runs on the device (one block); an id out of range leaves its column NaN and the
+    others right."""
+    c = Context()
+    experts, b, ids = c.tensor(Q8_0, (256, 40, 4)), c.tensor(F32, (256, 1, 12)), c.tensor(GType.I32, (2, 12))
+    node = c.mul_mat_id(experts, b, ids)
+    sc = ct.StubCtx(SMALL)
+    launches = mmq.plan_id(node, sc)
+    group, quant, mm = launches[:3]
+    assert group.kernel == mmq.GROUP_KERNEL and group.grid == (1, 1, 1)
+    assert quant.grid == (2, 24, 1) and int(ct.bind(quant)["ids"]) == sc.scratches[0][0]
+    m = ct.bind(mm)
+    assert int(m["ids_dst"]) == sc.scratches[0][0] + 4 * 24 and int(m["bounds"]) == sc.scratches[0][0] + 8 * 24
+    rng = np.random.default_rng(5)
+    raw = ct.random_blocks(rng, Q8_0, 256 * 40 * 4 // 32)
+    sc.mem.view(sc.ptr(experts), (raw.size,), (1,), np.uint8)[:] = raw.reshape(-1)
+    x = rng.standard_normal((12, 1, 256)).astype(np.float32)
+    sc.array(b, np.float32)[:] = x
+    idv = rng.integers(0, 4, (12, 2)).astype(np.int32)
+    idv[3, 1], idv[7, 0] = 9, -1
+    sc.array(ids, np.int32)[:] = idv
+    ct.run_launches(launches, sc, host=True)
+    out = sc.array(node, np.float32)[0]  # [tokens, slots, M]
+    w = dequantize(raw.reshape(-1), Q8_0, 256 * 40 * 4).reshape(4, 40, 256).astype(np.float64)
+    for t in range(12):
+        for s in range(2):
+            if not 0 <= idv[t, s] < 4:
+                assert np.isnan(out[t, s]).all()
+            else:
+                want = w[idv[t, s]] @ x[t, 0]
+                assert ((out[t, s] - want) ** 2).sum() / (want**2).sum() < 5e-4, (t, s)

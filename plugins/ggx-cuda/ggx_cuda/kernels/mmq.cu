@@ -18,6 +18,10 @@
 //       (warp w: rows 16 w.. + 15, all J columns in n8 tiles), before it __dp4a over 16-value
 //       groups (thread: rows lane + 32 i, columns warp + 8 j); each group's int32 sums scaled by the
 //       weight's and the activation's scale.
+//       MUL_MAT_ID (bounds not null): the activations are grouped by expert (mmid.cu): channel z
+//       is expert z, its columns are bounds[z] .. bounds[z + 1] of the grouped y (one channel), and
+//       column c of them goes to dst column ids_dst[c]; a column tile past an expert's columns
+//       is empty and skipped (the tiles per expert cover the most an expert can get).
 //   k_mmq_fixup   adds the partial tiles in fixup of the blocks before b that worked on the tile b
 //       finished (one launch block per stream-K block; nothing to do for most).
 //
@@ -217,10 +221,28 @@ static __device__ __forceinline__ void mmq_pos(const int k, int & i, int & j) {
     }
 }
 
+// The columns of tile (z, column tile starting at col0): the first one's index in y's channel
+// (ycol0), how many there are (0: an empty tile), and where column j of them goes in dst.
+struct mmq_cols {
+    int ycol0;
+    int n;
+    const int * ids_dst;  // MUL_MAT_ID: dst column of y column c; null: col0 + j
+
+    static __device__ __forceinline__ mmq_cols of(const int * bounds, const int * ids_dst, const int z,
+                                                  const int col0, const int J, const int ncols) {
+        if (bounds) {
+            const int c0 = bounds[z] + col0;
+            return {c0, min(J, bounds[z + 1] - c0), ids_dst};
+        }
+        return {col0, min(J, ncols - col0), nullptr};
+    }
+    __device__ __forceinline__ int dst_col(const int j) const { return ids_dst ? ids_dst[ycol0 + j] : ycol0 + j; }
+};
+
 template <typename T, int JMAX>
 __global__ void __launch_bounds__(MMQ_NWARPS * GGX_WARP, 1) k_mul_mat_q(const ggx_u8 * x,
-        const ggx_block_q8_1_mmq * y, float * dst, float * fixup, const int J, const int K, const int nrows,
-        const int ncols,
+        const ggx_block_q8_1_mmq * y, float * dst, float * fixup, const int * ids_dst, const int * bounds,
+        const int J, const int K, const int nrows, const int ncols,
         const ggx_i64 stride_row_x, const int nty, const int ntx, const int ne12, const int channel_ratio,
         const int sample_ratio, const ggx_i64 stride_channel_x, const ggx_i64 stride_sample_x,
         const ggx_i64 stride_col_dst, const ggx_i64 stride_channel_dst, const ggx_i64 stride_sample_dst,
@@ -249,6 +271,11 @@ __global__ void __launch_bounds__(MMQ_NWARPS * GGX_WARP, 1) k_mul_mat_q(const gg
         const int z = (int) (tile / ((ggx_i64) nty * ntx));
         const int i2 = z % ne12;
         const int i3 = z / ne12;
+        const mmq_cols cols = mmq_cols::of(bounds, ids_dst, z, col0, J, ncols);
+        if (cols.n <= 0) {  // an expert with fewer columns (the same for every thread)
+            kbc += k1 - k0;
+            continue;
+        }
         const ggx_u8 * xs = x + (ggx_i64) (i3 / sample_ratio) * stride_sample_x
                               + (ggx_i64) (i2 / channel_ratio) * stride_channel_x;
 
@@ -278,16 +305,17 @@ __global__ void __launch_bounds__(MMQ_NWARPS * GGX_WARP, 1) k_mul_mat_q(const gg
                 xd[r * MMQ_XD + 2 * s + 1] = d1;
                 xm[r * MMQ_XM + s] = m;
             }
-            const ggx_block_q8_1_mmq * yb = y + ((ggx_i64) z * nkb + 2 * it) * ncols;
+            // y's channel z (MUL_MAT_ID: its only one), blocks 2 it and 2 it + 1 of the tile's columns
+            const ggx_block_q8_1_mmq * yb = y + ((ggx_i64) (bounds ? 0 : z) * nkb + 2 * it) * ncols + cols.ycol0;
             for (int e = tid; e < J * 64; e += MMQ_NWARPS * GGX_WARP) {
                 const int j = e / 64;
                 const int t = e % 64;
-                yq[j * MMQ_YQ + t] = col0 + j < ncols ? yb[(t / 32) * ncols + col0 + j].qs[t % 32] : 0;
+                yq[j * MMQ_YQ + t] = j < cols.n ? yb[(t / 32) * ncols + j].qs[t % 32] : 0;
             }
             for (int e = tid; e < J * 8; e += MMQ_NWARPS * GGX_WARP) {
                 const int j = e / 8;
                 const int g = e % 8;
-                const unsigned int h = col0 + j < ncols ? yb[(g / 4) * ncols + col0 + j].ds[g % 4] : 0u;
+                const unsigned int h = j < cols.n ? yb[(g / 4) * ncols + j].ds[g % 4] : 0u;
                 yd[j * 8 + g] = T::ds4 ? ggx_ds_d(h) : __uint_as_float(h);
                 ys[j * 8 + g] = T::ds4 ? ggx_ds_s(h) : 0.0f;
             }
@@ -380,7 +408,7 @@ __global__ void __launch_bounds__(MMQ_NWARPS * GGX_WARP, 1) k_mul_mat_q(const gg
 
         // a finished tile to dst, the unfinished last one to this block's fixup slot
         const bool finished = k1 == ipt;
-        float * out = dst + (ggx_i64) i3 * stride_sample_dst + (ggx_i64) i2 * stride_channel_dst;
+        float * out = bounds ? dst : dst + (ggx_i64) i3 * stride_sample_dst + (ggx_i64) i2 * stride_channel_dst;
         float * part = fixup + (ggx_i64) blockIdx.x * MMQ_I * J;
 #pragma unroll
         for (int k = 0; k < JMAX / 2; ++k) {
@@ -391,8 +419,8 @@ __global__ void __launch_bounds__(MMQ_NWARPS * GGX_WARP, 1) k_mul_mat_q(const gg
             }
             if (!finished) {
                 part[j * MMQ_I + i] = acc[k];
-            } else if (row0 + i < nrows && col0 + j < ncols) {
-                out[(ggx_i64) (col0 + j) * stride_col_dst + row0 + i] = acc[k];
+            } else if (row0 + i < nrows && j < cols.n) {
+                out[(ggx_i64) cols.dst_col(j) * stride_col_dst + row0 + i] = acc[k];
             }
         }
         kbc += k1 - k0;
@@ -401,10 +429,10 @@ __global__ void __launch_bounds__(MMQ_NWARPS * GGX_WARP, 1) k_mul_mat_q(const gg
 
 // grid: the stream-K blocks; block b adds to the tile it finished (if it did not start it) the
 // partial tiles the blocks before it left in fixup for that tile
-__global__ void __launch_bounds__(MMQ_NWARPS * GGX_WARP) k_mmq_fixup(const float * fixup, float * dst, const int K,
-        const int J, const int nrows, const int ncols, const int nty, const int ntx, const int ne12,
-        const ggx_i64 stride_col_dst, const ggx_i64 stride_channel_dst, const ggx_i64 stride_sample_dst,
-        const ggx_i64 total) {
+__global__ void __launch_bounds__(MMQ_NWARPS * GGX_WARP) k_mmq_fixup(const float * fixup, float * dst,
+        const int * ids_dst, const int * bounds, const int K, const int J, const int nrows, const int ncols,
+        const int nty, const int ntx, const int ne12, const ggx_i64 stride_col_dst, const ggx_i64 stride_channel_dst,
+        const ggx_i64 stride_sample_dst, const ggx_i64 total) {
     const ggx_i64 ipt = (K + MMQ_ITER_K - 1) / MMQ_ITER_K;
     const ggx_i64 b = blockIdx.x;
     const ggx_i64 kbc = b * total / gridDim.x;
@@ -416,11 +444,12 @@ __global__ void __launch_bounds__(MMQ_NWARPS * GGX_WARP) k_mmq_fixup(const float
     const int row0 = (int) (tile % nty) * MMQ_I;
     const int col0 = (int) ((tile / nty) % ntx) * J;
     const int z = (int) (tile / ((ggx_i64) nty * ntx));
-    float * out = dst + (ggx_i64) (z / ne12) * stride_sample_dst + (ggx_i64) (z % ne12) * stride_channel_dst;
+    const mmq_cols cols = mmq_cols::of(bounds, ids_dst, z, col0, J, ncols);
+    float * out = bounds ? dst : dst + (ggx_i64) (z / ne12) * stride_sample_dst + (ggx_i64) (z % ne12) * stride_channel_dst;
     for (int e = threadIdx.x; e < MMQ_I * J; e += blockDim.x) {
         const int i = e % MMQ_I;
         const int j = e / MMQ_I;
-        if (row0 + i >= nrows || col0 + j >= ncols) {
+        if (row0 + i >= nrows || j >= cols.n) {
             continue;
         }
         float sum = 0.0f;
@@ -438,6 +467,6 @@ __global__ void __launch_bounds__(MMQ_NWARPS * GGX_WARP) k_mmq_fixup(const float
                 break;  // it started the tile
             }
         }
-        out[(ggx_i64) (col0 + j) * stride_col_dst + row0 + i] += sum;
+        out[(ggx_i64) cols.dst_col(j) * stride_col_dst + row0 + i] += sum;
     }
 }

@@ -7,6 +7,8 @@
 //                          of one K range are consecutive over the columns, so a tile of columns is
 //                          one contiguous load. nkb * 128 covers K rounded up to whole 256-value
 //                          iterations; values past K quantize to 0. DS4 picks the header (q8_1.cuh).
+//                          With `ids` (MUL_MAT_ID's grouped columns, mmid.cu) column i1 of the one
+//                          channel is x's column ids[i1] (= i12 * ne1_src + i11).
 //
 // One warp per 32 values (a q8_1 group): the group's max |x| and sum by warp shuffles. x goes by
 // its byte strides nb1..nb3 (rows contiguous), so permuted and strided views are read in place.
@@ -41,12 +43,14 @@ __global__ void __launch_bounds__(Q8_1_BLOCK) k_quantize_q8_1(const ggx_u8 * x, 
 // d_inv = 127 / amax, q = round(x * d_inv), d = 1 / d_inv (a zero group: q = 0, d = 0).
 template <bool DS4>
 __global__ void __launch_bounds__(GGX_QK8_1_MMQ) k_quantize_mmq(const ggx_u8 * x, ggx_block_q8_1_mmq * y,
-        const int K, const int ne2, const ggx_i64 nb1, const ggx_i64 nb2, const ggx_i64 nb3) {
+        const int * ids, const int K, const int ne1_src, const int ne2, const ggx_i64 nb1, const ggx_i64 nb2,
+        const ggx_i64 nb3) {
     const int kb = blockIdx.x;
     const int i1 = blockIdx.y;
     const int z = blockIdx.z;
     const int i0 = kb * GGX_QK8_1_MMQ + threadIdx.x;
-    const ggx_u8 * row = x + (ggx_i64) i1 * nb1 + (ggx_i64) (z % ne2) * nb2 + (ggx_i64) (z / ne2) * nb3;
+    const ggx_u8 * row = ids ? x + (ggx_i64) (ids[i1] % ne1_src) * nb1 + (ggx_i64) (ids[i1] / ne1_src) * nb2
+                             : x + (ggx_i64) i1 * nb1 + (ggx_i64) (z % ne2) * nb2 + (ggx_i64) (z / ne2) * nb3;
     const float xi = i0 < K ? ((const float *) row)[i0] : 0.0f;
     const float amax = ggx_warp_reduce<ggx_max>(fabsf(xi));
     const float sum = ggx_warp_sum(xi);

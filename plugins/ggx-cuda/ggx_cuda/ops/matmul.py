@@ -25,9 +25,10 @@ share one a plane join the columns of one product when they follow each other in
 out contiguous there), else they are a batch with A's stride 0; dims that follow each other with
 consistent strides fold into one strided batch; what is left is one GemmLaunch per plane group.
 
-MUL_MAT_ID reads the expert ids on the device: k_mm_id computes out[:, e, t] directly, one warp
-per output row and per (slot e, token t), the expert's row dequantized on the fly, in float
-(correct, not fast). An id outside 0..n_expert-1 (which the reference refuses) gives NaN.
+MUL_MAT_ID reads the expert ids on the device (no host sync): above ggml's MMVQ token count, MMQ
+grouped by expert (ops/mmq.py, `mul_mat_id_path`); else k_mm_id computes out[:, e, t] directly,
+one warp per output row and per (slot e, token t), the expert's row dequantized on the fly, in
+float (correct, not fast). An id outside 0..n_expert-1 (which the reference refuses) gives NaN.
 """
 from __future__ import annotations
 
@@ -268,7 +269,31 @@ def plan_cublas(node: Tensor, ctx: PlanContext) -> list[Launch]:
 
 
 # --- MUL_MAT_ID --------------------------------------------------------------------------------
+def mul_mat_id_path(node: Tensor, device: DeviceInfo) -> str:
+    """ggml_cuda_mul_mat_id's choice: up to get_mmvq_mmid_max_batch tokens ggml runs MMVQ with ids,
+    ggx its simple kernel ("simple"); above, MMQ grouped by expert where should_use_mmq ("mmq");
+    else ggml sorts on the host (a sync), ggx runs the simple kernel."""
+    experts, b, ids = node.src
+    cc = arch.cc_int(device.cc)
+    T = ids.ne[1]
+    if node.nelements == 0 or cc < arch.DP4A or not experts.type.is_quantized:
+        return "simple"
+    if T <= mmvq.MMVQ_MAX_BATCH_SIZE and T <= mmvq.mmid_max_batch(experts.type, cc):
+        return "simple"
+    if (mmq.supports_id(node) and mmq.should_use_mmq(experts.type, cc, T, experts.ne[2], device.smem_per_block_optin)
+            and mmq.best_j(experts.type, T, experts.ne[1] % mmq.I != 0, cc, device.smem_per_block_optin)):
+        return "mmq"
+    return "simple"
+
+
 def plan_mul_mat_id(node: Tensor, ctx: PlanContext) -> list[Launch]:
+    if mul_mat_id_path(node, ctx.device) == "mmq":
+        return mmq.plan_id(node, ctx)
+    return plan_mm_id_simple(node, ctx)
+
+
+def plan_mm_id_simple(node: Tensor, ctx: PlanContext) -> list[Launch]:
+    """One warp per output row and (slot, token), the expert's row dequantized on the fly."""
     experts, b, ids = node.src
     K, M, n_expert = experts.ne[:3]
     n_used, n_tokens = ids.ne[:2]

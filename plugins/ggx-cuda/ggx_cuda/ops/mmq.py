@@ -15,6 +15,10 @@ ggml's rules, as pure functions:
   >= 90 %, else one block per SM sharing the K slices of all tiles (stream-K), a fixup pass adding
   the partial tiles when the blocks do not split the tiles evenly.
 
+MUL_MAT_ID (`plan_id`) runs the same kernel grouped by expert, as ggml's ggml_cuda_mul_mat_q with
+ids: kernels/mmid.cu lists each expert's (token, slot) pairs on the device, the activations are
+quantized in that order, and each expert's weights multiply its own columns.
+
 Where ggx differs: its kernel is one generic tile loop (a per-type loader unpacks 32 values to
 int8, a scale per 16 and a min per 32), so the shared memory of a J is its own formula
 (`shared_bytes`), not ggml's per-type tile sizes; the int8 tensor-core path (MMA) needs
@@ -151,16 +155,74 @@ def plan(node: Tensor, ctx: PlanContext) -> list[Launch]:
     y = ctx.scratch(q8_1.mmq_bytes(b))
     fixup = ctx.scratch(nblocks * I * J * 4) if ntiles % nblocks else 0
     dst_strides = (np.int64(node.nb[1] // 4), np.int64(node.nb[2] // 4), np.int64(node.nb[3] // 4))
-    args = (np.uint64(ctx.ptr(a)), np.uint64(y), np.uint64(ctx.ptr(node)), np.uint64(fixup), np.int32(J),
-            np.int32(K), np.int32(M), np.int32(N), np.int64(a.nb[1]), np.int32(nty), np.int32(ntx), np.int32(B2),
-            np.int32(B2 // A2), np.int32(B3 // A3), np.int64(a.nb[2]), np.int64(a.nb[3]), *dst_strides,
-            np.int64(total))
+    args = (np.uint64(ctx.ptr(a)), np.uint64(y), np.uint64(ctx.ptr(node)), np.uint64(fixup), np.uint64(0),
+            np.uint64(0), np.int32(J), np.int32(K), np.int32(M), np.int32(N), np.int64(a.nb[1]), np.int32(nty),
+            np.int32(ntx), np.int32(B2), np.int32(B2 // A2), np.int32(B3 // A3), np.int64(a.nb[2]),
+            np.int64(a.nb[3]), *dst_strides, np.int64(total))
     launches: list[Launch] = [
         q8_1.plan_mmq(b, TRAITS[a.type][1], ctx, y),
         KernelLaunch(kernel(a.type, J), (nblocks, 1, 1), (WARP, NWARPS, 1), args, shared_bytes(J))]
     if fixup:
         launches.append(KernelLaunch(FIXUP_KERNEL, (nblocks, 1, 1), (NWARPS * WARP, 1, 1),
-                                     (np.uint64(fixup), np.uint64(ctx.ptr(node)), np.int32(K), np.int32(J),
-                                      np.int32(M), np.int32(N), np.int32(nty), np.int32(ntx), np.int32(B2),
-                                      *dst_strides, np.int64(total))))
+                                     (np.uint64(fixup), np.uint64(ctx.ptr(node)), np.uint64(0), np.uint64(0),
+                                      np.int32(K), np.int32(J), np.int32(M), np.int32(N), np.int32(nty),
+                                      np.int32(ntx), np.int32(B2), *dst_strides, np.int64(total))))
+    return launches
+
+
+# --- MUL_MAT_ID: grouped by expert -------------------------------------------------------------------
+GROUP_KERNEL = Kernel("mmid.cu", "k_mmid_group")
+GROUP_BLOCK = 256  # MMID_BLOCK
+names(GROUP_KERNEL.source, [GROUP_KERNEL.name])
+
+
+def supports_id(node: Tensor) -> bool:
+    """A MUL_MAT_ID node MMQ computes grouped by expert: an MMQ type, whole blocks at every stride of
+    the experts, a contiguous output (its columns are addressed as t * n_used + s), at most 65535
+    (token, slot) pairs."""
+    experts, b, ids = node.src
+    return (experts.type in TRAITS and mmvq.block_aligned(experts) and node.is_contiguous()
+            and b.has_contiguous_rows() and all(nb % 4 == 0 for nb in b.nb[1:])
+            and ids.ne[0] * ids.ne[1] <= MAX_GRID_YZ and experts.ne[0] > 0)
+
+
+def plan_id(node: Tensor, ctx: PlanContext) -> list[Launch]:
+    """The grouping (ids to per-expert column lists, on the device), the grouped activations, one
+    MMQ launch over (expert, column tile, row tile) tiles and the fixup when stream-K needs it.
+    ggml's J choice sees the token count; an expert's tiles cover every pair (ids may repeat an
+    expert within a token), the tiles past its columns are empty."""
+    experts, b, ids = node.src
+    K, M, E = experts.ne[:3]
+    n_used, T = ids.ne[:2]
+    P = n_used * T
+    dev = ctx.device
+    cc = arch.cc_int(dev.cc)
+    J = best_j(experts.type, T, M % I != 0, cc, dev.smem_per_block_optin)
+    nty, ntx = (M + I - 1) // I, (P + J - 1) // J
+    ntiles = nty * ntx * E
+    nblocks = stream_k_blocks(ntiles, dev.sm_count)
+    total = ntiles * ((K + MMQ_ITER_K - 1) // MMQ_ITER_K)
+    index = ctx.scratch(4 * (2 * P + E + 1))  # ids_src1 [P], ids_dst [P], bounds [E + 1]
+    ids_src1, ids_dst, bounds = index, index + 4 * P, index + 8 * P
+    y = ctx.scratch(P * q8_1.mmq_blocks_per_column(K) * q8_1.Q8_1_MMQ_BYTES)
+    fixup = ctx.scratch(nblocks * I * J * 4) if ntiles % nblocks else 0
+    group = KernelLaunch(GROUP_KERNEL, (1, 1, 1), (GROUP_BLOCK, 1, 1),
+                         (np.uint64(ctx.ptr(ids)), np.uint64(ids_src1), np.uint64(ids_dst), np.uint64(bounds),
+                          np.uint64(ctx.ptr(node)), np.int32(E), np.int32(n_used), np.int32(T), np.int32(b.ne[1]),
+                          np.int32(M), np.int64(ids.nb[0]), np.int64(ids.nb[1]), np.int64(node.nb[1]),
+                          np.int64(node.nb[2])))
+    col = np.int64(node.nb[1] // 4)
+    args = (np.uint64(ctx.ptr(experts)), np.uint64(y), np.uint64(ctx.ptr(node)), np.uint64(fixup),
+            np.uint64(ids_dst), np.uint64(bounds), np.int32(J), np.int32(K), np.int32(M), np.int32(P),
+            np.int64(experts.nb[1]), np.int32(nty), np.int32(ntx), np.int32(E), np.int32(1), np.int32(1),
+            np.int64(experts.nb[2]), np.int64(0), col, np.int64(0), np.int64(0), np.int64(total))
+    launches: list[Launch] = [
+        group, q8_1.plan_mmq(b, TRAITS[experts.type][1], ctx, y, ids_src1, P),
+        KernelLaunch(kernel(experts.type, J), (nblocks, 1, 1), (WARP, NWARPS, 1), args, shared_bytes(J))]
+    if fixup:
+        launches.append(KernelLaunch(FIXUP_KERNEL, (nblocks, 1, 1), (NWARPS * WARP, 1, 1),
+                                     (np.uint64(fixup), np.uint64(ctx.ptr(node)), np.uint64(ids_dst),
+                                      np.uint64(bounds), np.int32(K), np.int32(J), np.int32(M), np.int32(P),
+                                      np.int32(nty), np.int32(ntx), np.int32(E), col, np.int64(0), np.int64(0),
+                                      np.int64(total))))
     return launches

@@ -52,6 +52,18 @@ def should_use_mmvq(gtype: GType, cc: int, ne11: int) -> bool:
     return ne11 <= MMVQ_MAX_BATCH_SIZE  # DGX Spark's only exception is Q2_K
 
 
+#: get_mmvq_mmid_max_batch_pascal_older for ggx's types (Turing and later allow all 8 for them)
+_MMID_MAX_PASCAL = {GType.Q4_0: 6, GType.Q4_1: 6, GType.Q5_0: 6, GType.Q8_0: 4, GType.Q4_K: 5, GType.Q5_K: 5,
+                    GType.Q6_K: 4}
+
+
+def mmid_max_batch(gtype: GType, cc: int) -> int:
+    """mmvq.cu get_mmvq_mmid_max_batch (NVIDIA): the most tokens MUL_MAT_ID sends to MMVQ."""
+    if cc == arch.VOLTA or cc >= arch.TURING:  # Volta, Ada and Blackwell: all; Turing+: not ggx's types
+        return MMVQ_MAX_BATCH_SIZE
+    return _MMID_MAX_PASCAL.get(gtype, MMVQ_MAX_BATCH_SIZE)
+
+
 def _turing_table(cc: int) -> bool:
     """get_device_table_id: MMVQ_PARAMETERS_TURING for NVIDIA 7.5 <= cc < 8.0, else GENERIC."""
     return arch.TURING <= cc < arch.AMPERE
@@ -106,7 +118,7 @@ names(SOURCE, [k.name for k in instances()])
 
 
 # --- support and plan ------------------------------------------------------------------------------
-def _block_aligned(t: Tensor) -> bool:
+def block_aligned(t: Tensor) -> bool:
     """Whole blocks at every stride and at the view offset (the kernel reads blocks in place, 32 bits
     at a time)."""
     ts = t.type.type_size
@@ -116,7 +128,7 @@ def _block_aligned(t: Tensor) -> bool:
 def supports(node: Tensor) -> bool:
     """A MUL_MAT node MMVQ computes exactly (its type and layout; the column count is the rule's)."""
     a, b = node.src
-    return (a.type in TRAITS and _block_aligned(a) and b.ne[0] == a.ne[0] > 0
+    return (a.type in TRAITS and block_aligned(a) and b.ne[0] == a.ne[0] > 0
             and b.ne[2] <= MAX_GRID_YZ and b.ne[3] <= MAX_GRID_YZ and a.ne[1] <= INT_MAX
             and a.ne[0] // a.type.block_size <= INT_MAX)
 

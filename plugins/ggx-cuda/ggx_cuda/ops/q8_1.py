@@ -61,11 +61,13 @@ def mmq_bytes(b: Tensor) -> int:
     return columns(b) * mmq_blocks_per_column(b.ne[0]) * Q8_1_MMQ_BYTES
 
 
-def plan_mmq(b: Tensor, ds4: bool, ctx: PlanContext, y: int) -> KernelLaunch:
+def plan_mmq(b: Tensor, ds4: bool, ctx: PlanContext, y: int, ids: int = 0, ncols: int = 0) -> KernelLaunch:
     """b as block_q8_1_mmq at y: channel z = i3 * B2 + i2, block kb of column i1 at
-    y + ((z * nkb + kb) * N + i1) * 144 (N <= 65535 and B2 * B3 <= 65535: the caller checks)."""
+    y + ((z * nkb + kb) * N + i1) * 144 (N <= 65535 and B2 * B3 <= 65535: the caller checks). With
+    `ids` (device int32 [ncols]: MUL_MAT_ID's grouped columns), one channel of `ncols` columns,
+    column i1 being b's column ids[i1] = i2 * N + i1'."""
     K, N, B2, B3 = b.ne
-    grid = (mmq_blocks_per_column(K), N, B2 * B3)
-    args = (np.uint64(ctx.ptr(b)), np.uint64(y), np.int32(K), np.int32(B2),
+    grid = (mmq_blocks_per_column(K), ncols, 1) if ids else (mmq_blocks_per_column(K), N, B2 * B3)
+    args = (np.uint64(ctx.ptr(b)), np.uint64(y), np.uint64(ids), np.int32(K), np.int32(N), np.int32(B2),
             np.int64(b.nb[1]), np.int64(b.nb[2]), np.int64(b.nb[3]))
     return KernelLaunch(mmq_kernel(ds4), grid, (QK8_1_MMQ, 1, 1), args)
