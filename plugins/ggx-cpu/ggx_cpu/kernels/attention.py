@@ -3,107 +3,450 @@ F16 or F32 K/V, optional F16 mask, ALiBi and logit soft-capping, ggml's semantic
 
 q [D, T, H, B] F32, k [D, KV, Hk, Bk], v [Dv, KV, Hk, Bk], mask F16 [KV, >=T, m2, m3].
 The result is permuted: out [Dv, H, T, B] (out[:, h, t, b]). Query head h reads kv head
-h // (H / Hk). Keys whose mask value is -inf are skipped.
+h // G (G = H / Hk query heads share one kv head). Rows of q, k, v and mask are contiguous.
 
-Precision follows ggml's CPU kernel for the shape: with T < 64 ("one_chunk") Q is rounded to F16
-when K is F16 (the dot is F16 x F16) and the V accumulator is an F16 buffer when V is F16; with
-T >= 64 ("tiled") everything stays F32. One prange over the T*H*B query rows.
+Two kernels, chosen as ggml's CPU backend chooses (ggml_compute_forward_flash_attn_ext_f16):
+
+- **Tiled** (T >= 64, K and V of one type, Dv a multiple of the vector width; ggml's
+  `..._tiled`, everything F32). A task is (batch, kv head, tile of QT query tokens) and holds the
+  QT rows of *each* of the G query heads of that kv head, so a K/V tile converted to F32 once
+  serves all of them. Per KV tile of 64 slots: skipped when its mask is -inf for every row of the
+  task (causal and sliding-window masks skip most tiles); else K is converted transposed (slots
+  contiguous), S = Q K^T and O += P V are register-tiled F32 GEMMs (`ggx_cpu.isa.fgemm`), and
+  between them each row's online softmax: the tile maximum, a rescale of O and of the row sum
+  when the maximum grows, P = exp(S - M) by the vectorized expf (`ggx_cpu.isa.vmath`). Tasks go
+  to threads by an atomic counter, heaviest first (the last query tiles see the most keys under
+  a causal mask), so threads stay busy whatever the mask skips.
+- **Rows** (otherwise, decode included; ggml's `..._one_chunk`, with its roundings: Q is
+  rounded to F16 when K is F16, so the dot is F16 x F16 in F32, and the V accumulator is an F16
+  buffer, rounded after every update, when V is F16). A task is (batch, token, kv head, kv
+  chunk) over a group of query heads: each K and V row is read once for the group and used as
+  vectors. Keys whose mask value is -inf are skipped. Decode over a long cache (T = 1, B = 1, K
+  and V of one type, KV >= 512) splits the slots into one chunk per thread, each chunk keeping
+  (M, S, accumulator) partials that are merged at the end (ggml's split-KV path and
+  ggml_flash_attn_ext_reduce_partials).
+
+A row whose every key is masked gives 0 (S == 0), as in every ggml path.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from ggx.errors import GGXShapeError
 from ggx.tensor import Tensor
 from ggx.types import GType
 
+from .. import isa
+from ..isa.codegen import elem_ptr
+from ..isa.fgemm import gemm, pack_transposed_8x8
+from ..isa.simd import (
+    add_f32x8,
+    fma_f32x8,
+    hsum_f32x8,
+    load_f32x8,
+    mul_f32x8,
+    splat_f32x8,
+    store_f32x8,
+    sub_f32x8,
+)
+from ..isa.vmath import (
+    exp_f32x8,
+    float_simd,
+    hmax_f32x8,
+    lanes,
+    load_as_f32x8,
+    load_half_f32x8,
+    max_f32x8,
+    round_half_f32x8,
+)
 from .common import Launch, elems, launch, need_ne, need_rows, need_srcs, need_type
 from .convert import as_f32, f16_to_f32, f32_to_f16
 from .softmax import alibi_slopes
 
 TILED_MIN_TOKENS = 64  # ggml switches to its F32 tiled kernel from this many query rows
+KV_TILE = 64  # key slots per tile (ggml's GGML_FA_TILE_KV)
+SPLIT_KV_MIN = 512  # ggml splits one decode token's keys over the threads from this many slots
+_NEG_INF_F16 = 0xFC00
 
 
+# --- tasks handed out to threads --------------------------------------------------------------------
+@intrinsic
+def _fetch_add(typingctx, arr, i):
+    """arr[i] += 1 atomically, returning the old value (an int64 array): the next task."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64 and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        return builder.atomic_rmw("add", ptr, ir.Constant(ir.IntType(64), 1), "monotonic")
+
+    return types.int64(arr, types.intp), codegen
+
+
+# --- small vector helpers ---------------------------------------------------------------------------
 @njit(cache=True, inline="always")
 def _h(x):
     """Round a float32 through F16 (what storing into an F16 buffer does)."""
     return f16_to_f32(f32_to_f16(x))
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"})
-def _dot(q, k):
-    """sum q[i] * k[i] in float32, reassociated so that LLVM vectorizes it (ggml's dot is SIMD
-    ordered too); no nnan/ninf flags, so infinities keep their meaning."""
-    s = np.float32(0.0)
-    for i in range(q.size):
-        s += q[i] * as_f32(k[i])
-    return s
+@njit(cache=True, inline="always")
+def _scale(x, o, n, c):
+    """x[o:o+n] *= c (float32)."""
+    cv = splat_f32x8(c)
+    i = 0
+    while i + 8 <= n:
+        store_f32x8(x, o + i, mul_f32x8(load_f32x8(x, o + i), cv))
+        i += 8
+    while i < n:
+        x[o + i] *= c
+        i += 1
+
+
+@njit(cache=True, inline="always")
+def _scale_h(x, o, n, c):
+    """x[o:o+n] = f16(x[o:o+n] * c): an F16 buffer (held as float32 values) scaled, as
+    ggml_vec_scale_f16 (the rounding in registers: the same bits as a store and load)."""
+    cv = splat_f32x8(c)
+    i = 0
+    while i + 8 <= n:
+        store_f32x8(x, o + i, round_half_f32x8(mul_f32x8(load_f32x8(x, o + i), cv)))
+        i += 8
+    while i < n:
+        x[o + i] = _h(x[o + i] * c)
+        i += 1
+
+
+@njit(cache=True, inline="always")
+def _mad(y, yo, x, xo, n, c):
+    """y[yo:yo+n] += x[xo:xo+n] * c (y float32; x float32 or F16 bits)."""
+    cv = splat_f32x8(c)
+    i = 0
+    while i + 8 <= n:
+        store_f32x8(y, yo + i, fma_f32x8(load_f32x8(y, yo + i), load_as_f32x8(x, xo + i), cv))
+        i += 8
+    while i < n:
+        y[yo + i] += as_f32(x[xo + i]) * c
+        i += 1
+
+
+@njit(cache=True, inline="always")
+def _mad_h(y, yo, x, xo, n, c):
+    """y[yo:yo+n] = f16(y + x[xo:xo+n] * c): an F16 buffer (held as float32 values) updated, as
+    ggml_vec_mad_f16 (x float32)."""
+    cv = splat_f32x8(c)
+    i = 0
+    while i + 8 <= n:
+        store_f32x8(y, yo + i, round_half_f32x8(fma_f32x8(load_f32x8(y, yo + i), load_f32x8(x, xo + i), cv)))
+        i += 8
+    while i < n:
+        y[yo + i] = _h(y[yo + i] + x[xo + i] * c)
+        i += 1
+
+
+# --- pieces of a task ----------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _pack_k(kt, k, kb, kstride, D, nk):
+    """kt[i * KV_TILE + j] = K(slot j, i) for the nk slots of a tile from row kb on: K
+    transposed, so that slots are the vector dimension of S = Q K^T; 8x8 blocks by shuffles."""
+    j = 0
+    while j + 8 <= nk:
+        i = 0
+        while i + 8 <= D:
+            pack_transposed_8x8(kt, i * KV_TILE + j, KV_TILE, k, kb + j * kstride + i, kstride)
+            i += 8
+        for i2 in range(i, D):
+            for j2 in range(j, j + 8):
+                kt[i2 * KV_TILE + j2] = as_f32(k[kb + j2 * kstride + i2])
+        j += 8
+    for j2 in range(j, nk):
+        for i in range(D):
+            kt[i * KV_TILE + j2] = as_f32(k[kb + j2 * kstride + i])
+
+
+@njit(cache=True, inline="always")
+def _convert(y, yo, x, xo, n):
+    """y[yo:yo+n] = x[xo:xo+n] as float32 (x float32 or F16 bits)."""
+    i = 0
+    while i + 8 <= n:
+        store_f32x8(y, yo + i, load_as_f32x8(x, xo + i))
+        i += 8
+    while i < n:
+        y[yo + i] = as_f32(x[xo + i])
+        i += 1
+
+
+@njit(cache=True, inline="always")
+def _tile_masked(m, mrow, r0, r1, ic, nk):
+    """Whether mask rows mrow[r0..r1) are -inf over slots ic..ic+nk-1 (F16 bits compared)."""
+    for r in range(r0, r1):
+        mb = mrow[r] + ic
+        for j in range(nk):
+            if m[mb + j] != _NEG_INF_F16:
+                return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def _scores_row(sb, sbo, nk, scale, softcap, has_mask, slope, m, mb):
+    """One row of a score tile as ggml's tiled kernel: s * scale (then softcap * tanh), plus
+    slope * mask (the product rounded first); slots past nk are -inf. Returns the row's maximum."""
+    if nk == KV_TILE and softcap == 0:
+        mx = splat_f32x8(np.float32(-np.inf))
+        sv = splat_f32x8(scale)
+        slv = splat_f32x8(slope)
+        for j in range(0, KV_TILE, 8):
+            x = mul_f32x8(load_f32x8(sb, sbo + j), sv)
+            if has_mask:
+                x = add_f32x8(x, mul_f32x8(load_half_f32x8(m, mb + j), slv))
+            store_f32x8(sb, sbo + j, x)
+            mx = max_f32x8(mx, x)
+        return hmax_f32x8(mx)
+    mx = np.float32(-np.inf)
+    for j in range(nk):
+        x = sb[sbo + j] * scale
+        if softcap != 0:
+            x = softcap * np.float32(math.tanh(x))
+        if has_mask:
+            x += slope * f16_to_f32(m[mb + j])
+        sb[sbo + j] = x
+        mx = max(mx, x)
+    for j in range(nk, KV_TILE):
+        sb[sbo + j] = -np.inf
+    return mx
+
+
+@njit(cache=True, inline="always")
+def _softmax_row(fs, sb, sbo, mnew):
+    """P = exp(s - mnew) in place over one row of a score tile; returns its sum in float64, from
+    float32 sums of ggml's chunks (ggml_vec_soft_max_f32)."""
+    total = 0.0
+    mv = splat_f32x8(mnew)
+    for j in range(0, KV_TILE, lanes(fs)):
+        p = exp_f32x8(fs, sub_f32x8(load_f32x8(sb, sbo + j), mv))
+        store_f32x8(sb, sbo + j, p)
+        if lanes(fs) == 16:
+            p2 = exp_f32x8(fs, sub_f32x8(load_f32x8(sb, sbo + j + 8), mv))
+            store_f32x8(sb, sbo + j + 8, p2)
+            p = add_f32x8(p, p2)
+        total += np.float64(hsum_f32x8(p))
+    return total
+
+
+@njit(cache=True, inline="always")
+def _tile_softmax(fs, geo, sb, ob, mx, sm, tm):
+    """The tiled kernel's online softmax over one score tile, given each row's maximum tm[r]
+    (-inf for padding rows): a rescale of the output row and of the row sum when the maximum
+    grows, then P = exp(S - M) in place."""
+    Dv, rp = geo[1], geo[7]
+    for r in range(rp):
+        sbo = r * KV_TILE
+        tmax = tm[r]
+        if tmax == -np.inf:  # every slot masked for this row (or a padding row): it adds nothing
+            sb[sbo: sbo + KV_TILE] = 0.0
+            continue
+        mnew = max(mx[r], tmax)
+        if mnew > mx[r]:
+            c = np.float32(math.exp(mx[r] - mnew))
+            _scale(ob, r * Dv, Dv, c)
+            sm[r] *= c
+        mx[r] = mnew
+        sm[r] = np.float32(np.float64(sm[r]) + _softmax_row(fs, sb, sbo, mnew))
+
+
+@njit(cache=True, inline="always")
+def _key_updates(geo, acc_f16, sb, ob, vt, mx, sm, mrow, m, has_mask, v, vb0, vstride, ic, nk):
+    """The rows kernel's online softmax over one score tile, key by key as ggml's one_chunk:
+    keys masked to -inf are skipped; a larger score rescales the accumulator (exp(M_old - s)),
+    any other adds exp(s - M) times the value row (converted once into vt for all rows); an F16
+    accumulator is rounded to F16 after each update."""
+    Dv, rows = geo[1], geo[5] * geo[6]
+    for j in range(nk):
+        _convert(vt, 0, v, vb0 + (ic + j) * vstride, Dv)
+        for r in range(rows):
+            if mrow[r] < 0 or (has_mask and m[mrow[r] + ic + j] == _NEG_INF_F16):
+                continue
+            s = sb[r * KV_TILE + j]
+            ms_ = np.float32(1.0)
+            vs = np.float32(1.0)
+            if s > mx[r]:
+                ms_ = np.float32(math.exp(mx[r] - s))
+                mx[r] = s
+                if acc_f16:
+                    _scale_h(ob, r * Dv, Dv, ms_)
+                else:
+                    _scale(ob, r * Dv, Dv, ms_)
+            else:
+                vs = np.float32(math.exp(s - mx[r]))
+            if acc_f16:
+                _mad_h(ob, r * Dv, vt, 0, Dv, vs)
+            else:
+                _mad(ob, r * Dv, vt, 0, Dv, vs)
+            sm[r] = sm[r] * ms_ + vs
+
+
+# --- one task ---------------------------------------------------------------------------------------
+@njit(cache=True)
+def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, mx, sm, tm, mrow):
+    """Query rows r = g*QT + tq (g < gt heads of one kv head, tq < QT tokens; padded to rp rows)
+    of one batch, over the kv slots of one chunk: S = Q K^T per KV tile by the register-tiled
+    GEMM, then either the tiled online softmax and O += P V (GEMM), or ggml's one_chunk
+    updates key by key (flags[0], `exact`). Writes the rows' outputs, or (M, S, acc) partials."""
+    q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds = tens
+    D, Dv, T, H, G, gt, QT, rp, n_kv, chunk, n_chunks, B, rk3 = geo
+    exact, q_f16, acc_f16 = flags
+    scale, softcap = params
+    hk_n, n_hs = H // G, G // gt
+    n_qt = (T + QT - 1) // QT
+    c = task % n_chunks
+    rest = task // n_chunks
+    per_qt = B * hk_n * n_hs
+    qt = n_qt - 1 - rest // per_qt  # heaviest (last) query tiles first
+    rest %= per_qt
+    hs = rest % n_hs
+    rest //= n_hs
+    hk = rest % hk_n
+    b = rest // hk_n
+    t0 = qt * QT
+    nt = min(QT, T - t0)
+    h0 = hk * G + hs * gt
+    rows = gt * QT
+    for r in range(rp):
+        g, tq = r // QT, r % QT
+        valid = r < rows and tq < nt
+        qrow = qo + (t0 + tq) * qs[1] + (h0 + g) * qs[2] + b * qs[3]
+        for i in range(D):
+            x = q[qrow + i] if valid else np.float32(0.0)
+            qb[r * D + i] = _h(x) if q_f16 else x
+        ob[r * Dv: (r + 1) * Dv] = 0.0
+        mx[r] = -np.inf
+        sm[r] = 0.0
+        mrow[r] = mo + (t0 + tq) * ms[1] + ((h0 + g) % mne[2]) * ms[2] + (b % mne[3]) * ms[3] if valid else -1
+    # rows the skip test reads: the tokens of every head, or of one when all share a mask plane
+    heads_checked = 1 if mne[2] == 1 else gt
+    kb0 = ko + hk * ks[2] + (b // rk3) * ks[3]
+    vb0 = vo + hk * vs_[2] + (b // rk3) * vs_[3]
+    ic1 = min(n_kv, (c + 1) * chunk)
+    for ic in range(c * chunk, ic1, KV_TILE):
+        nk = min(KV_TILE, ic1 - ic)
+        if has_mask:
+            masked = True
+            for g in range(heads_checked):
+                masked = masked and _tile_masked(m, mrow, g * QT, g * QT + nt, ic, nk)
+            if masked:
+                continue
+        _pack_k(kt, k, kb0 + ic * ks[1], ks[1], D, nk)
+        sb[:] = 0.0
+        gemm(fs, sb, 0, KV_TILE, qb, 0, D, kt, 0, KV_TILE, rp, KV_TILE, D)
+        for r in range(rp):
+            tm[r] = -np.inf
+            if mrow[r] >= 0:
+                tm[r] = _scores_row(sb, r * KV_TILE, nk, scale, softcap, has_mask, slopes[h0 + r // QT], m,
+                                    mrow[r] + ic)
+        if exact:
+            _key_updates(geo, acc_f16, sb, ob, vt, mx, sm, mrow, m, has_mask, v, vb0, vs_[1], ic, nk)
+        else:
+            _tile_softmax(fs, geo, sb, ob, mx, sm, tm)
+            for j in range(nk):
+                _convert(vt, j * Dv, v, vb0 + (ic + j) * vs_[1], Dv)
+            gemm(fs, ob, 0, Dv, sb, 0, KV_TILE, vt, 0, Dv, rp, Dv, nk)
+    for r in range(rows):
+        if mrow[r] < 0:
+            continue
+        g, tq = r // QT, r % QT
+        h = h0 + g
+        if part.size:  # split keys: T = B = 1, so row r is head h0 + r
+            pb = (h * n_chunks + c) * (2 + Dv)
+            part[pb] = mx[r]
+            part[pb + 1] = sm[r]
+            part[pb + 2: pb + 2 + Dv] = ob[r * Dv: (r + 1) * Dv]
+        else:
+            inv = np.float32(0.0) if sm[r] == 0 else np.float32(1.0) / sm[r]
+            db = do + h * ds[1] + (t0 + tq) * ds[2] + b * ds[3]
+            for i in range(Dv):
+                d[db + i * ds[0]] = ob[r * Dv + i] * inv
+
+
+@njit(cache=True)
+def _merge_partials(geo, part, d, do, ds):
+    """Each head's output from its chunks' (M, S, acc) partials (ggml_flash_attn_ext_reduce_partials)."""
+    Dv, H, n_chunks = geo[1], geo[3], geo[10]
+    out = np.empty(Dv, np.float32)
+    for h in range(H):
+        m_fin = np.float32(-np.inf)
+        s_fin = np.float32(0.0)
+        out[:] = 0.0
+        for c in range(n_chunks):
+            pb = (h * n_chunks + c) * (2 + Dv)
+            m_c, s_c = part[pb], part[pb + 1]
+            if s_c == 0:
+                continue
+            m_new = max(m_fin, m_c)
+            old = np.float32(math.exp(m_fin - m_new))
+            new = np.float32(math.exp(m_c - m_new))
+            for i in range(Dv):
+                out[i] = out[i] * old + part[pb + 2 + i] * new
+            s_fin = s_fin * old + s_c * new
+            m_fin = m_new
+        inv = np.float32(1.0) / s_fin if s_fin != 0 else np.float32(1.0)
+        for i in range(Dv):
+            d[do + h * ds[1] + i * ds[0]] = out[i] * inv
+
+
+@njit(cache=True)
+def _worker(fs, counter, n_tasks, geo, params, flags, slopes, part,
+            q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds):
+    """Run tasks until the counter passes n_tasks (scratch allocated once per worker)."""
+    D, Dv, rp = geo[0], geo[1], geo[7]
+    tens = (q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds)
+    qb = np.empty(rp * D, np.float32)
+    kt = np.empty(D * KV_TILE, np.float32)
+    vt = np.empty(KV_TILE * Dv, np.float32)
+    sb = np.empty(rp * KV_TILE, np.float32)
+    ob = np.empty(rp * Dv, np.float32)
+    mx = np.empty(rp, np.float32)
+    sm = np.empty(rp, np.float32)
+    tm = np.empty(rp, np.float32)
+    mrow = np.empty(rp, np.int64)
+    task = _fetch_add(counter, 0)
+    while task < n_tasks:
+        _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, mx, sm, tm, mrow)
+        task = _fetch_add(counter, 0)
 
 
 @njit(cache=True, parallel=True)
-def flash_attn_kernel(scale, softcap, slopes, q_f16, acc_f16,
-                      q, qo, qs, qne, k, ko, ks, kne, v, vo, vs_, vne,
-                      has_mask, m, mo, ms, mne, d, do, ds):
-    """q, k, v rows are contiguous (checked): they are read as unit-stride slices, which vectorize."""
-    D, T, H = qne[0], qne[1], qne[2]
-    KV, Dv = kne[1], vne[0]
-    rk2 = H // kne[2]
-    rk3 = qne[3] // kne[3]
-    for r in prange(T * H * qne[3]):
-        t, h, b = r % T, (r // T) % H, r // (T * H)
-        ik2, ik3 = h // rk2, b // rk3
-        qb = qo + t * qs[1] + h * qs[2] + b * qs[3]
-        qrow = q[qb: qb + D]
-        qv = np.empty(D, np.float32)
-        for i in range(D):
-            qv[i] = _h(qrow[i]) if q_f16 else qrow[i]
-        acc = np.zeros(Dv, np.float32)
-        mb = mo + t * ms[1] + (h % mne[2]) * ms[2] + (b % mne[3]) * ms[3]
-        slope = slopes[h]
-        S = np.float32(0.0)
-        M = np.float32(-np.inf)
-        for ic in range(KV):
-            mv = slope * as_f32(m[mb + ic * ms[0]]) if has_mask else np.float32(0.0)
-            if mv == -np.inf:
-                continue
-            kb = ko + ic * ks[1] + ik2 * ks[2] + ik3 * ks[3]
-            s = _dot(qv, k[kb: kb + D]) * scale
-            if softcap != 0:
-                s = softcap * np.float32(math.tanh(s))
-            s += mv
-            ms_ = np.float32(1.0)
-            vs = np.float32(1.0)
-            if s > M:
-                Mold = M
-                M = s
-                ms_ = np.float32(math.exp(Mold - M))
-                if acc_f16:
-                    for i in range(Dv):
-                        acc[i] = _h(acc[i] * ms_)
-                else:
-                    for i in range(Dv):
-                        acc[i] *= ms_
-            else:
-                vs = np.float32(math.exp(s - M))
-            vb = vo + ic * vs_[1] + ik2 * vs_[2] + ik3 * vs_[3]
-            vrow = v[vb: vb + Dv]
-            if acc_f16:
-                for i in range(Dv):
-                    acc[i] = _h(acc[i] + as_f32(vrow[i]) * vs)
-            else:
-                for i in range(Dv):
-                    acc[i] += as_f32(vrow[i]) * vs
-            S = S * ms_ + vs
-        inv = np.float32(0.0) if S == 0 else np.float32(1.0) / S
-        db = do + h * ds[1] + t * ds[2] + b * ds[3]
-        for i in range(Dv):
-            d[db + i * ds[0]] = acc[i] * inv
+def flash_attn_kernel(fs, n_workers, counter, n_tasks, geo, params, flags, slopes, part,
+                      q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds):
+    """n_tasks tasks on n_workers threads taking them from one counter, then the merge of split
+    keys' partials.
+
+    fs: ggml's float SIMD form (`ggx_cpu.isa.vmath.FloatSimd`: GEMM tile, expf); geo = (D, Dv,
+    T, H, G, heads per task gt, tokens per task QT, rows padded rp, KV, kv chunk, n_chunks, B,
+    rk3); params = (scale, softcap); flags = (exact: ggml's one_chunk, Q rounded to F16, F16
+    accumulator); part: (M, S, acc) per head and chunk when keys are split, else empty; then the
+    tensors in the plugin's convention (mask: has_mask, m, mo, ms, mne)."""
+    counter[0] = 0
+    for _ in prange(n_workers):
+        _worker(fs, counter, n_tasks, geo, params, flags, slopes, part,
+                q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds)
+    if part.size:
+        _merge_partials(geo, part, d, do, ds)
 
 
+# --- the wrapper ------------------------------------------------------------------------------------
 _NO_MASK = np.zeros(1, np.uint16)
+_NO_PARTIALS = np.zeros(0, np.float32)
+
+
+def query_tile(G: int) -> int:
+    """Tokens per task of the tiled kernel: about 64 rows (ggml's Q tile) over the G heads of a
+    kv head, a multiple of 8."""
+    return 64 if G == 1 else max(8, -(-64 // G // 8) * 8)
 
 
 def flash_attn_ext(node: Tensor, n_threads: int) -> Launch:
@@ -129,6 +472,7 @@ def flash_attn_ext(node: Tensor, n_threads: int) -> Launch:
     dd, do, ds, _ = elems(node, "dst", op)
     if mask is not None:
         need_type(mask, "mask", op, GType.F16)
+        need_rows(mask, "mask", op)
         if mask.ne[0] != k.ne[1] or mask.ne[1] < q.ne[1] or 0 in mask.ne[2:]:
             raise GGXShapeError(f"{op}: mask {mask.describe()} must be [n_kv={k.ne[1]}, >={q.ne[1]}, ...]")
         m, mo, ms, mne = elems(mask, "mask", op)
@@ -136,12 +480,31 @@ def flash_attn_ext(node: Tensor, n_threads: int) -> Launch:
         raise GGXShapeError(f"{op}: max_bias (ALiBi) needs a mask")
     else:
         m, mo, ms, mne = _NO_MASK, 0, (0, 0, 0, 0), (1, 1, 1, 1)
-    one_chunk = q.ne[1] < TILED_MIN_TOKENS
-    slopes = alibi_slopes(q.ne[2], p.max_bias)
+    D, T, H, B = qne
+    n_kv, Hk, Dv = kne[1], kne[2], vne[0]
+    G = H // Hk
+    fs = float_simd(isa.active())
+    tiled = T >= TILED_MIN_TOKENS and k.type is v.type and Dv % fs.lanes == 0
+    split = not tiled and T == 1 and B == 1 and k.type is v.type and n_kv >= SPLIT_KV_MIN and n_threads > 1
+    n_chunks = n_threads if split else 1
+    if tiled:
+        gt, qt = G, query_tile(G)
+    else:
+        # whole groups of heads share each K tile; single heads when that leaves too few tasks
+        gt = G if n_threads <= 1 or B * T * Hk * n_chunks >= 2 * n_threads else 1
+        groups = B * Hk * (G // gt) * n_chunks
+        n_qt = max(-(-T // TILED_MIN_TOKENS), min(T, -(-2 * n_threads // groups)) if n_threads > 1 else 1)
+        qt = -(-T // n_qt)
+    n_tasks = B * Hk * (G // gt) * -(-T // qt) * n_chunks
+    rp = -(-(gt * qt) // fs.tile_rows) * fs.tile_rows  # rows per task, padded to the GEMM's tile
+    geo = (D, Dv, T, H, G, gt, qt, rp, n_kv, -(-n_kv // n_chunks), n_chunks, B, B // kne[3])
     scale = np.float32(p.scale)
     if p.logit_softcap != 0:  # ggml: s = softcap * tanh(s * scale / softcap)
         scale = scale / np.float32(p.logit_softcap)
-    return launch(flash_attn_kernel, scale, np.float32(p.logit_softcap), slopes,
-                      one_chunk and k.type is GType.F16, one_chunk and v.type is GType.F16,
-                      qq, qo, qs, qne, kk, ko, ks, kne, vv, vo, vs, vne,
-                      mask is not None, m, mo, ms, mne, dd, do, ds, n_threads=n_threads)
+    params = (scale, np.float32(p.logit_softcap))
+    flags = (not tiled, not tiled and k.type is GType.F16, not tiled and v.type is GType.F16)
+    part = np.empty(H * n_chunks * (2 + Dv), np.float32) if split else _NO_PARTIALS
+    args = (np.zeros(1, np.int64), n_tasks, geo, params, flags, alibi_slopes(H, p.max_bias), part,
+            qq, qo, qs, kk, ko, ks, vv, vo, vs, mask is not None, m, mo, ms, mne, dd, do, ds)
+    n_workers = max(1, min(n_threads, n_tasks))
+    return launch(flash_attn_kernel, fs, n_workers, *args, n_threads=n_workers)

@@ -5,7 +5,10 @@ over a range of the ne1*ne2*ne3 rows, run directly on one thread (small ops: no 
 to start) or from a prange over n_threads chunks (`common.rows_launch`).
 GELU (tanh) and GELU_QUICK follow ggml's CPU: the input is rounded to F16 and looked up in a
 65536-entry table of F16 results (GGML_GELU_FP16); GELU returns 0 for x <= -10 and x for
-x >= 10. GELU_ERF and SILU are plain F32.
+x >= 10. GELU_ERF is plain F32. SILU and the swiglu GLU on unit-stride rows are ggml's
+ggml_vec_silu_f32 / ggml_vec_swiglu_f32 for the ISA variant's float form (`ggx_cpu.isa.vmath`):
+ggml_v_silu, x / (1 + exp(-x)) with the vectorized expf, over chunks of 16 (AVX-512) or 8
+(AVX2) values, and ggml_silu_f32 (libm expf) on the tail; strided rows use the scalar form.
 """
 from __future__ import annotations
 
@@ -19,6 +22,9 @@ from ggx.ops import GeluKind, GluKind
 from ggx.tensor import Tensor
 from ggx.types import GType
 
+from .. import isa
+from ..isa.simd import load_f32x8, mul_f32x8, store_f32x8
+from ..isa.vmath import float_simd, lanes, silu_f32x8
 from .common import Launch, elems, need_ne, need_srcs, need_type, rows_launch
 from .convert import f32_to_f16
 
@@ -58,6 +64,7 @@ def gelu_table(kind: str) -> np.ndarray:
 
 @njit(cache=True, inline="always")
 def silu(x):
+    """ggml_silu_f32: x / (1 + expf(-x))."""
     return x / (np.float32(1.0) + np.float32(math.exp(-x)))
 
 
@@ -96,16 +103,35 @@ def _unary_row(code, s, b, table, x, y):
             y[i] = activate(code, x[i], table)
 
 
+@njit(cache=True, inline="always")
+def _silu_row(fs, x, xb, y, yb, n, u, ub):
+    """y[yb + i] = silu(x[xb + i]) (times u[ub + i] when u has elements: swiglu) for i < n on
+    unit-stride rows, as ggml_vec_silu_f32 / ggml_vec_swiglu_f32: vectors over chunks of
+    lanes(fs), the scalar form on the tail."""
+    gated = u.size > 0
+    i = 0
+    while i + lanes(fs) <= n:
+        for j in range(i, i + lanes(fs), 8):
+            a = silu_f32x8(fs, load_f32x8(x, xb + j))
+            store_f32x8(y, yb + j, mul_f32x8(a, load_f32x8(u, ub + j)) if gated else a)
+        i += lanes(fs)
+    while i < n:
+        y[yb + i] = silu(x[xb + i]) * u[ub + i] if gated else silu(x[xb + i])
+        i += 1
+
+
 @njit(cache=True)
-def unary_rows(r0, r1, code, s, b, table, x, xo, xs, ne, y, yo, ys):
+def unary_rows(r0, r1, fs, code, s, b, table, x, xo, xs, ne, y, yo, ys):
     """y = f(x) elementwise over rows r0..r1-1 of ne; SCALE: y = x*s + b. Rows are passed on as
-    1-D slices, unit-stride ones separately so that LLVM vectorizes them."""
+    1-D slices, unit-stride ones separately so that LLVM vectorizes them (SILU: explicit vectors)."""
     n0, n1, n2 = ne[0], ne[1], ne[2]
     for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
-        if xs[0] == 1 and ys[0] == 1:
+        if xs[0] == 1 and ys[0] == 1 and code == SILU:
+            _silu_row(fs, x, xb, y, yb, n0, x[:0], 0)
+        elif xs[0] == 1 and ys[0] == 1:
             _unary_row(code, s, b, table, x[xb: xb + n0], y[yb: yb + n0])
         else:
             _unary_row(code, s, b, table, x[xb: xb + (n0 - 1) * xs[0] + 1: xs[0]],
@@ -149,7 +175,7 @@ def _glu_row(code, table, g, u, d):
 
 
 @njit(cache=True)
-def glu_rows(r0, r1, code, table, g, go, gs, u, uo, us, ne, d, do, ds):
+def glu_rows(r0, r1, fs, code, table, g, go, gs, u, uo, us, ne, d, do, ds):
     """d = act(gate) * up over rows r0..r1-1; gate and up are separate operands (fused rows pass
     shifted offsets)."""
     n0, n1, n2 = ne[0], ne[1], ne[2]
@@ -158,7 +184,9 @@ def glu_rows(r0, r1, code, table, g, go, gs, u, uo, us, ne, d, do, ds):
         gb = go + i1 * gs[1] + i2 * gs[2] + i3 * gs[3]
         ub = uo + i1 * us[1] + i2 * us[2] + i3 * us[3]
         db = do + i1 * ds[1] + i2 * ds[2] + i3 * ds[3]
-        if gs[0] == 1 and us[0] == 1 and ds[0] == 1:
+        if gs[0] == 1 and us[0] == 1 and ds[0] == 1 and code == SILU:
+            _silu_row(fs, g, gb, d, db, n0, u, ub)
+        elif gs[0] == 1 and us[0] == 1 and ds[0] == 1:
             _glu_row(code, table, g[gb: gb + n0], u[ub: ub + n0], d[db: db + n0])
         else:
             _glu_row(code, table, g[gb: gb + (n0 - 1) * gs[0] + 1: gs[0]], u[ub: ub + (n0 - 1) * us[0] + 1: us[0]],
@@ -166,9 +194,10 @@ def glu_rows(r0, r1, code, table, g, go, gs, u, uo, us, ne, d, do, ds):
 
 
 @njit(cache=True, parallel=True)
-def unary_kernel(n_chunks, n_rows, code, s, b, table, x, xo, xs, ne, y, yo, ys):
+def unary_kernel(n_chunks, n_rows, fs, code, s, b, table, x, xo, xs, ne, y, yo, ys):
     for c in prange(n_chunks):
-        unary_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, s, b, table, x, xo, xs, ne, y, yo, ys)
+        unary_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, fs, code, s, b, table, x, xo, xs, ne,
+                   y, yo, ys)
 
 
 @njit(cache=True, parallel=True)
@@ -179,9 +208,9 @@ def binary_kernel(n_chunks, n_rows, code, a, ao, as_, ne, b, bo, bs, bne, d, do,
 
 
 @njit(cache=True, parallel=True)
-def glu_kernel(n_chunks, n_rows, code, table, g, go, gs, u, uo, us, ne, d, do, ds):
+def glu_kernel(n_chunks, n_rows, fs, code, table, g, go, gs, u, uo, us, ne, d, do, ds):
     for c in prange(n_chunks):
-        glu_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, table, g, go, gs, u, uo, us, ne,
+        glu_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, fs, code, table, g, go, gs, u, uo, us, ne,
                  d, do, ds)
 
 
@@ -198,8 +227,8 @@ def _unary(node: Tensor, n_threads: int, code: int, s: float = 0.0, b: float = 0
     need_ne(node, src.ne, "dst", op)
     x, xo, xs, ne = elems(src, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    return rows_launch(unary_rows, unary_kernel, n_threads, ne, code, np.float32(s), np.float32(b), table,
-                       x, xo, xs, ne, y, yo, ys)
+    return rows_launch(unary_rows, unary_kernel, n_threads, ne, float_simd(isa.active()), code, np.float32(s),
+                       np.float32(b), table, x, xo, xs, ne, y, yo, ys)
 
 
 def scale(node: Tensor, n_threads: int) -> Launch:
@@ -266,4 +295,5 @@ def glu(node: Tensor, n_threads: int) -> Launch:
             raise GGXShapeError(f"GLU: fused input {a.describe()} must have 2x the row of dst {node.describe()}")
         u, uo, us = g, go + (0 if swapped else nc * gs[0]), gs
         go = go + (nc * gs[0] if swapped else 0)
-    return rows_launch(glu_rows, glu_kernel, n_threads, ne, code, table, g, go, gs, u, uo, us, ne, d, do, ds)
+    return rows_launch(glu_rows, glu_kernel, n_threads, ne, float_simd(isa.active()), code, table,
+                       g, go, gs, u, uo, us, ne, d, do, ds)

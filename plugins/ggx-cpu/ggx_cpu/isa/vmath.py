@@ -1,0 +1,277 @@
+"""Vector float math for the F32 kernels as ggml's CPU backend computes it: its vectorized expf
+and SiLU, the chunking of its row loops, and the float vector helpers softmax and flash
+attention need (max, F16 rows in and out).
+
+ggml compiles one float SIMD form per build, so its results depend on the instruction set:
+`FloatSimd` is the compile-time token of that choice (`float_simd(ISA variant)`): the AVX-512
+form (16 lanes, avx512_vnni) or the AVX2 form (8 lanes, avx2 and portable, whose kernels are
+the same compiled code). Kernels written with it reproduce ggml's code path of the variant:
+vector chunks of `lanes(fs)` values, ggml's sum grouping within a chunk, libm expf on the
+tail (where ggml falls back to scalar code).
+
+`exp_f32x8(fs, x)` is ggml's `ggml_v_expf` (vec.h, "adapted from arm limited optimized
+routine"): n = round(x * log2(e)) by the 1.5 * 2^23 shift, b = x - n * ln2 in two parts
+(Cody-Waite), a degree-5 polynomial, and the scaling by 2^n built in the exponent bits. The
+AVX2 form takes j = exp(b) - 1 and returns k + k j (k = 2^n); the AVX-512 form takes j = exp(b)
+and returns j * 2^n (vscalefps: exact unless the result is subnormal, rounded once). Where
+|n| > 126 the scaling is split in two factors so that subnormal results come out as expf gives
+them, and |n| > 192 gives +inf (x > 0) or 0. So exp(-inf) = 0, exp(+inf) = +inf, NaN stays
+NaN, x above ~88.72 overflows to inf, results underflow to 0 below ~-103.97, as expf; the error
+is below 1.45 ulp + 0.5 ulp (ggml's figure). As in ggml's AVX2 form, the split scaling is
+computed only when some lane needs it (a branch on any lane).
+
+Everything is target-independent LLVM IR (products with additions are `llvm.fmuladd`: one FMA
+where the target has one, a multiply and an add where it has not), so each form runs on any
+host; the vector width of the IR is always 8 (an AVX-512 chunk of 16 is two vectors, whose
+sum is (lo + hi) then halves, as _mm512_reduce_add_ps).
+"""
+from __future__ import annotations
+
+import functools
+
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic, overload
+
+from .codegen import I32, declare, elem_ptr, i32_vector
+from .simd import F32x8, llvm_type, load_f32x8
+from .tokens import TokenType, register_token, token_constant
+
+
+class FloatSimd:
+    """Which of ggml's float SIMD forms a kernel reproduces: `form` ("avx512" or "avx2"), its
+    vector width `lanes` (ggml's GGML_F32_EPR) and the register tile of its simd_gemm
+    (`tile_rows` x `tile_vectors` vectors of `lanes`). A compile-time token."""
+
+    def __init__(self, form: str, lanes: int, tile_rows: int, tile_vectors: int):
+        self.form, self.lanes, self.tile_rows, self.tile_vectors = form, lanes, tile_rows, tile_vectors
+
+    def __repr__(self) -> str:
+        return f"FloatSimd({self.form!r})"
+
+
+class FloatSimdType(TokenType):
+    """numba type of a `FloatSimd`."""
+
+    def __init__(self, fs: FloatSimd):
+        self.form, self.lanes, self.tile_rows, self.tile_vectors = fs.form, fs.lanes, fs.tile_rows, fs.tile_vectors
+        super().__init__(name=f"FloatSimd({fs.form})")
+
+
+register_token(FloatSimd, FloatSimdType)
+
+# AVX-512: 32 vector registers, a 4 x 4-vector GEMM tile; AVX2: 16 registers, 6 x 2 (ggml's
+# simd-gemm.h choices). The portable variant is plain IR either way and takes the AVX2 form.
+_FORMS = {"avx512": ("avx512", 16, 4, 4), "avx2": ("avx2", 8, 6, 2)}
+_FORM_OF_VARIANT = {"avx512_vnni": "avx512", "avx2": "avx2", "portable": "avx2"}
+
+
+@functools.cache
+def _float_simd(form: str) -> FloatSimd:
+    return FloatSimd(*_FORMS[form])
+
+
+def float_simd(variant: str) -> FloatSimd:
+    """The `FloatSimd` token of an ISA variant (variants of one form share the object)."""
+    return _float_simd(_FORM_OF_VARIANT[variant])
+
+
+@token_constant
+def lanes(fs) -> int:
+    """ggml's vector width for the form: rows are processed in chunks of this many floats."""
+    return fs.lanes
+
+
+_F32 = ir.FloatType()
+
+
+def _const(ty: ir.Type, value) -> ir.Constant:
+    """`value` as a constant of the float or int (vector) type `ty`, splat over the lanes."""
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [ir.Constant(ty.element, value)] * ty.count)
+    return ir.Constant(ty, value)
+
+
+def _ints(ty: ir.Type) -> ir.Type:
+    """The i32 type (or vector of i32) with the shape of the float type `ty`."""
+    return ir.VectorType(I32, ty.count) if isinstance(ty, ir.VectorType) else I32
+
+
+def _fmuladd(builder, a, b, c):
+    """a * b + c: one fused operation where the target has FMA (llvm.fmuladd)."""
+    ty = a.type
+    name = f"llvm.fmuladd.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fmuladd.f32"
+    return builder.call(declare(builder, name, ty, [ty, ty, ty]), [a, b, c])
+
+
+def v_expf(builder, x, form: str):
+    """IR of ggml_v_expf in its AVX2 or AVX-512 `form` on a float32 value or vector `x` (module
+    docstring)."""
+    ty = x.type
+    ity = _ints(ty)
+
+    def f(v):
+        return _const(ty, v) if isinstance(v, float) else _const(ty, float.fromhex(v))
+
+    def bits(v):
+        return builder.bitcast(v, ity)
+
+    def flt(v):
+        return builder.bitcast(v, ty)
+
+    def fma(a, b, c):
+        return _fmuladd(builder, a, b, c)
+
+    shift = f("0x1.8p23")
+    z = fma(x, f("0x1.715476p+0"), shift)
+    n = builder.fsub(z, shift)  # round(x * log2(e))
+    b = fma(builder.fneg(n), f("0x1.7f7d1cp-20"), fma(builder.fneg(n), f("0x1.62e4p-1"), x))  # x - n ln2
+    e = builder.shl(bits(z), _const(ity, 23))  # n in the exponent field
+    k = flt(builder.add(e, bits(f(1.0))))  # 2^n for |n| <= 126
+    abs_n = flt(builder.and_(bits(n), _const(ity, 0x7FFFFFFF)))
+    c = builder.fcmp_ordered(">", abs_n, f(126.0))
+    u = builder.fmul(b, b)
+    poly = fma(fma(f("0x1.0e4020p-7"), b, f("0x1.573e2ep-5")), u, fma(f("0x1.555e66p-3"), b, f("0x1.fffdb6p-2")))
+    if form == "avx512":  # j = exp(b), scaled exactly by 2^n (vscalefps)
+        j = fma(poly, u, fma(f("0x1.ffffecp-1"), b, f(1.0)))
+        common = builder.fmul(j, k)
+    else:  # j = exp(b) - 1; k + k j
+        j = fma(poly, u, builder.fmul(f("0x1.ffffecp-1"), b))
+        common = fma(k, j, k)
+    # lanes with |n| > 126 (results near overflow, subnormal, 0 or inf): the rare path, where 2^n
+    # is applied as two factors s2 * s1 (one rounding at the end, as vscalefps)
+    entry = builder.block
+    rare = builder.append_basic_block("expf_rare")
+    done = builder.append_basic_block("expf_done")
+    any_c = c
+    if isinstance(ty, ir.VectorType):
+        any_c = builder.call(declare(builder, f"llvm.vector.reduce.or.v{ty.count}i1", ir.IntType(1), [c.type]), [c])
+    builder.cbranch(any_c, rare, done)
+    builder.position_at_end(rare)
+    g = builder.select(builder.fcmp_ordered("<=", n, f(0.0)), _const(ity, 0x82000000 - (1 << 32)), _const(ity, 0))
+    s1 = flt(builder.add(g, _const(ity, 0x7F000000)))
+    s2 = flt(builder.sub(e, g))
+    split = builder.fmul(builder.fmul(j, s2) if form == "avx512" else fma(s2, j, s2), s1)
+    d = builder.fcmp_ordered(">", abs_n, f(192.0))  # overflow to inf, or 0
+    special = builder.select(d, builder.fmul(s1, s1), builder.select(c, split, common))
+    builder.branch(done)
+    builder.position_at_end(done)
+    out = builder.phi(ty)
+    out.add_incoming(common, entry)
+    out.add_incoming(special, rare)
+    return out
+
+
+def v_silu(builder, x, form: str):
+    """IR of ggml_v_silu: x / (1 + expf(-x)) (so silu(-inf) = -inf / inf = NaN, as ggml's)."""
+    return builder.fdiv(x, builder.fadd(_const(x.type, 1.0), v_expf(builder, builder.fneg(x), form)))
+
+
+def _unary(ir_fn, doc: str):
+    @intrinsic
+    def f(typingctx, fs, x):
+        if not isinstance(fs, FloatSimdType) or x != F32x8:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return ir_fn(builder, args[1], fs.form)
+
+        return F32x8(fs, F32x8), codegen
+
+    f.__doc__ = doc
+    return f
+
+
+exp_f32x8 = _unary(v_expf, "ggml_v_expf of 8 float32 lanes in the form of `fs` (module docstring).")
+silu_f32x8 = _unary(lambda builder, x, form: v_silu(builder, x, form),
+                    "ggml_v_silu of 8 float32 lanes in the form of `fs`: x / (1 + exp(-x)).")
+
+
+@intrinsic
+def max_f32x8(typingctx, a, b):
+    """Lane-wise a > b ? a : b (ggml's MAX; a NaN in a gives b)."""
+    if a != F32x8 or b != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+
+    return F32x8(F32x8, F32x8), codegen
+
+
+@intrinsic
+def hmax_f32x8(typingctx, v):
+    """The largest of the 8 lanes (halves compared pairwise, as hsum_f32x8 adds them)."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = args[0]
+        for half in (4, 2, 1):
+            lo = builder.shuffle_vector(x, x, i32_vector(range(half)))
+            hi = builder.shuffle_vector(x, x, i32_vector(range(half, 2 * half)))
+            x = builder.select(builder.fcmp_ordered(">", lo, hi), lo, hi)
+        return builder.extract_element(x, ir.Constant(I32, 0))
+
+    return types.float32(F32x8), codegen
+
+
+_HALF8 = ir.VectorType(ir.HalfType(), 8)
+
+
+@intrinsic
+def load_half_f32x8(typingctx, arr, off):
+    """8 IEEE halves (a uint16 array of their bits) from element `off`, converted to float32 by
+    LLVM's `fpext` (one vcvtph2ps on F16C hosts); exact."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.uint16 and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        h = builder.load(builder.bitcast(ptr, _HALF8.as_pointer()), align=2)
+        return builder.fpext(h, llvm_type(F32x8))
+
+    return F32x8(arr, types.intp), codegen
+
+
+@intrinsic
+def store_f32x8_half(typingctx, arr, off, v):
+    """Store 8 float32 lanes as IEEE halves (bits into a uint16 array) at element `off`, rounded to
+    nearest even (`fptrunc`: one vcvtps2ph on F16C hosts), as ggml's FP32_TO_FP16."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.uint16 and isinstance(off, types.Integer)
+            and v == F32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(builder.fptrunc(args[2], _HALF8), builder.bitcast(ptr, _HALF8.as_pointer()), align=2)
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp, F32x8), codegen
+
+
+def load_as_f32x8(arr, off):
+    """8 values of a float32 array, or of a uint16 array of IEEE half bits (converted exactly),
+    from element `off`, as float32 lanes: one kernel source for F32 and F16 rows."""
+    raise NotImplementedError("load_as_f32x8 is only callable from compiled code")
+
+
+@overload(load_as_f32x8, inline="always")
+def _ol_load_as_f32x8(arr, off):
+    if isinstance(arr, types.Array) and arr.dtype == types.float32:
+        return lambda arr, off: load_f32x8(arr, off)
+    if isinstance(arr, types.Array) and arr.dtype == types.uint16:
+        return lambda arr, off: load_half_f32x8(arr, off)
+
+
+@intrinsic
+def round_half_f32x8(typingctx, v):
+    """Each lane rounded to the nearest IEEE half (ties to even) and back: what storing into an
+    F16 buffer and loading again gives, without the memory round trip."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], _HALF8), llvm_type(F32x8))
+
+    return F32x8(F32x8), codegen
