@@ -79,6 +79,7 @@ class Node:
         self.backend = device.init_backend()
 
     def result(self) -> np.ndarray:
+        """The output in numpy order (ne reversed: [ne3, ne2, ne1, ne0])."""
         self.backend.graph_compute(self.graph)
         self.backend.synchronize()
         raw = self.out.data_buffer.get_tensor(self.out)
@@ -155,7 +156,7 @@ def bench_mmvq(device, bandwidth: float, types, cols, rng) -> None:
         for n in cols:
             x = rng.standard_normal((n, K)).astype(np.float32)
             node = mul_mat_node(device, t, K, M, n, raw, x)
-            err = check(f"MMVQ {t.name} N={n}", node.result()[:, :256], reference_rows(t, raw, K, 256, x))
+            err = check(f"MMVQ {t.name} N={n}", node.result()[0, 0, :, :256], reference_rows(t, raw, K, 256, x))
             s = node.seconds(50)
             gbs = raw.nbytes / s / 1e9
             print(f"{t.name:6} {n:3d} {raw.nbytes / 1e6:7.1f} {s * 1e6:9.1f} {gbs:8.1f} {100 * gbs / bandwidth:6.1f}% "
@@ -178,7 +179,7 @@ def bench_mmq(device, types, cols, rng) -> None:
             x = rng.standard_normal((n, K)).astype(np.float32)
             q = mul_mat_node(device, t, K, M, n, raw, x)
             f = mul_mat_node(device, GType.F16, K, M, n, w16.view(np.uint8), x)
-            err = check(f"MMQ {t.name} N={n}", q.result()[:, :256], reference_rows(t, raw, K, 256, x))
+            err = check(f"MMQ {t.name} N={n}", q.result()[0, 0, :, :256], reference_rows(t, raw, K, 256, x))
             ops = 2.0 * M * n * K
             tq, tf = q.seconds(20), f.seconds(20)
             print(f"{t.name:6} {n:4d} {ops / tq / 1e12:9.1f} {ops / tf / 1e12:8.1f} {tf / tq:6.2f} {err:9.2e}")
@@ -200,7 +201,7 @@ def bench_fattn(device, rng) -> None:
         kv_ = [rng.standard_normal((Hkv, KV, D)).astype(np.float16) for _ in range(2)]
         mv = np.where(np.arange(KV)[None, :] <= KV - T + np.arange(T)[:, None], 0, -np.inf).astype(np.float16)
         node = Node(device, out, {q: qv, k: kv_[0], v: kv_[1], mask: mv})
-        got = node.result()  # [T, H, D]
+        got = node.result()[0]  # [T, H, D]
         kk = np.repeat(kv_[0].astype(np.float64), H // Hkv, axis=0)
         vv = np.repeat(kv_[1].astype(np.float64), H // Hkv, axis=0)
         s = np.einsum("htd,hkd->htk", qv.astype(np.float64), kk) / np.sqrt(D) + mv.astype(np.float64)[None]
