@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import GGXShapeError
 from ..ops import GeluKind, GluKind, Op, Prec, RopeMode, SortOrder
+from ..tensor import Tensor
 from ..types import GType
 from .case import COPY, Builder, OpCase, Tolerance, tolerance
 
@@ -437,9 +438,17 @@ def soft_max_cases() -> Iterator[OpCase]:
                    rows="-inf,+inf" + (",masked" if mask else ""))
 
 
+def _window_mask(b: Builder, n_kv: int, rows: int, window: int) -> Tensor:
+    """A causal mask [n_kv, rows] that also hides keys `window` or more positions back (a
+    sliding-window layer's, as Gemma's), the last row at position n_kv - 1."""
+    pos = np.arange(rows)[:, None] + (n_kv - rows)
+    keys = np.arange(n_kv)[None, :]
+    return b.leaf(F16, (n_kv, rows), "mask", np.where((keys > pos) | (keys <= pos - window), -np.inf, 0.0))
+
+
 def flash_attn_cases() -> Iterator[OpCase]:
     def fa(d, gqa, kv_t, n_tokens, n_kv, mask=True, n_head_kv=2, causal=False, max_bias=0.0, softcap=0.0,
-           prec=Prec.DEFAULT, views=False):
+           prec=Prec.DEFAULT, views=False, window=0, batch=1):
         n_head = n_head_kv * gqa
         def build(b: Builder):
             if views:  # llama.cpp's layout: q from [D, H, T], k/v from [D, Hkv, KV], permuted
@@ -447,15 +456,19 @@ def flash_attn_cases() -> Iterator[OpCase]:
                 k = b.permuted(kv_t, (d, n_kv, n_head_kv), (0, 2, 1, 3), "k")
                 v = b.permuted(kv_t, (d, n_kv, n_head_kv), (0, 2, 1, 3), "v")
             else:
-                q = b.uniform(F32, (d, n_tokens, n_head), "q")
-                k = b.uniform(kv_t, (d, n_kv, n_head_kv), "k")
-                v = b.uniform(kv_t, (d, n_kv, n_head_kv), "v")
-            m = b.mask(F16, n_kv, n_tokens, causal=causal) if mask else None
+                q = b.uniform(F32, (d, n_tokens, n_head, batch), "q")
+                k = b.uniform(kv_t, (d, n_kv, n_head_kv, batch), "k")
+                v = b.uniform(kv_t, (d, n_kv, n_head_kv, batch), "v")
+            m = None
+            if window:
+                m = _window_mask(b, n_kv, n_tokens, window)
+            elif mask:
+                m = b.mask(F16, n_kv, n_tokens, causal=causal)
             return b.ctx.flash_attn_ext(q, k, v, m, 1.0 / math.sqrt(d), max_bias, softcap, prec)
         extra = {}
         for key, value, default in (("mask", int(mask), 1), ("causal", int(causal), 0), ("max_bias", max_bias, 0.0),
                                     ("softcap", softcap, 0.0), ("prec", prec, Prec.DEFAULT),
-                                    ("views", int(views), 0)):
+                                    ("views", int(views), 0), ("window", window, 0), ("batch", batch, 1)):
             if value != default:
                 extra[key] = value
         return case(Op.FLASH_ATTN_EXT, build, (kv_t,), hs=d, gqa=gqa, type_kv=kv_t, n_head=n_head,
@@ -475,6 +488,24 @@ def flash_attn_cases() -> Iterator[OpCase]:
     yield fa(128, 3, F16, 5, 40, prec=Prec.F32)
     yield fa(64, 3, F16, 6, 21, views=True)
     yield fa(128, 4, F32, 2, 32, views=True)
+    # 64 query rows or more: ggml's tiled kernel (F32 throughout), whose KV tiles of 64 slots are
+    # skipped where the mask hides them from every row (causal, sliding window); n_kv not a
+    # multiple of the tile, head sizes 64/128/256, GQA 1/3/4, ALiBi, softcap, batches
+    yield fa(64, 3, F16, 96, 150, causal=True)
+    yield fa(64, 1, F32, 64, 64, causal=True)
+    yield fa(128, 4, F16, 80, 200, window=48)
+    yield fa(256, 4, F16, 70, 130, n_head_kv=1, window=64)
+    yield fa(256, 1, F32, 64, 100, n_head_kv=1, causal=True)
+    yield fa(64, 3, F16, 130, 130, mask=False)
+    yield fa(128, 3, F16, 72, 90, causal=True, max_bias=8.0)
+    yield fa(64, 4, F16, 64, 70, softcap=30.0)
+    yield fa(64, 3, F32, 65, 80, causal=True, batch=2)
+    # a decode token over 512 slots or more: ggml splits the slots over the threads and merges
+    # the partial softmaxes; a sliding window hides most of them
+    yield fa(64, 3, F16, 1, 600, n_head_kv=3)
+    yield fa(128, 4, F32, 1, 530)
+    yield fa(256, 4, F16, 1, 700, n_head_kv=1, window=512)
+    yield fa(64, 4, F16, 7, 300, window=64)
     # a query row whose every key is masked gives zeros: ggml defines it (S == 0 leaves the
     # output 0: ops.cpp, flash_attn_ext one_chunk, tiled and the reduction of partials)
     for kv_t, n_tokens in ((F16, 4), (F32, 4), (F16, 64)):

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 from llvmlite import ir
+from numba import njit
 from numba.core import types
 from numba.extending import intrinsic, overload
 
 from .codegen import I32, declare, elem_ptr, i32_vector
-from .simd import F32x8, llvm_type, load_f32x8
+from .simd import F32x8, add_f32x8, fma_f32x8, hsum_f32x8, llvm_type, load_f32x8, zero_f32x8
 from .tokens import TokenType, register_token, token_constant
 
 
@@ -275,3 +277,103 @@ def round_half_f32x8(typingctx, v):
         return builder.fpext(builder.fptrunc(args[0], _HALF8), llvm_type(F32x8))
 
     return F32x8(F32x8), codegen
+
+
+def is_half(arr):
+    """Whether `arr` holds IEEE half bits (a uint16 array): a compile-time constant."""
+    raise NotImplementedError("is_half is only callable from compiled code")
+
+
+@overload(is_half, inline="always")
+def _ol_is_half(arr):
+    value = isinstance(arr, types.Array) and arr.dtype == types.uint16
+    return lambda arr: value
+
+
+@intrinsic
+def value_f32(typingctx, x):
+    """An element of a float32 array, or of a uint16 array of IEEE half bits, as float32 (exact)."""
+    if x == types.float32:
+        return types.float32(types.float32), lambda context, builder, sig, args: args[0]
+    if x == types.uint16:
+        def codegen(context, builder, sig, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return types.float32(types.uint16), codegen
+    return None
+
+
+@intrinsic
+def hsum_hadd_f32x8(typingctx, v):
+    """The sum of the 8 lanes in ggml's AVX2 GGML_F32x8_REDUCE order: t = low half + high half,
+    then (t0 + t1) + (t2 + t3) (two vhaddps)."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = args[0]
+        t = builder.fadd(builder.shuffle_vector(x, x, i32_vector(range(4))),
+                         builder.shuffle_vector(x, x, i32_vector(range(4, 8))))
+        p = builder.fadd(builder.shuffle_vector(t, t, i32_vector([0, 2])),
+                         builder.shuffle_vector(t, t, i32_vector([1, 3])))
+        return builder.fadd(builder.extract_element(p, ir.Constant(I32, 0)),
+                            builder.extract_element(p, ir.Constant(I32, 1)))
+
+    return types.float32(F32x8), codegen
+
+
+@njit(cache=True, inline="always")
+def dot(fs, a, ao, b, bo, n):
+    """sum a[ao + i] * b[bo + i] for i < n as ggml_vec_dot_f16 / ggml_vec_dot_f32 compute it for
+    the form fs: four accumulators of lanes(fs) floats over chunks of 4 * lanes(fs) (one FMA
+    each), reduced as GGML_F32_VEC_REDUCE (pairs, then the lanes), the leftovers added one by one
+    (in float64 when b is F16 bits, as vec_dot_f16; in float32 for F32, as vec_dot_f32). a is
+    float32 (the F16-rounded query when b is F16), b float32 or F16 bits."""
+    half = is_half(b)
+    np_ = n - n % (4 * lanes(fs))
+    z = zero_f32x8()
+    if lanes(fs) == 16:
+        s0, s1, s2, s3, s4, s5, s6, s7 = z, z, z, z, z, z, z, z
+        for i in range(0, np_, 64):
+            s0 = fma_f32x8(s0, load_f32x8(a, ao + i), load_as_f32x8(b, bo + i))
+            s1 = fma_f32x8(s1, load_f32x8(a, ao + i + 8), load_as_f32x8(b, bo + i + 8))
+            s2 = fma_f32x8(s2, load_f32x8(a, ao + i + 16), load_as_f32x8(b, bo + i + 16))
+            s3 = fma_f32x8(s3, load_f32x8(a, ao + i + 24), load_as_f32x8(b, bo + i + 24))
+            s4 = fma_f32x8(s4, load_f32x8(a, ao + i + 32), load_as_f32x8(b, bo + i + 32))
+            s5 = fma_f32x8(s5, load_f32x8(a, ao + i + 40), load_as_f32x8(b, bo + i + 40))
+            s6 = fma_f32x8(s6, load_f32x8(a, ao + i + 48), load_as_f32x8(b, bo + i + 48))
+            s7 = fma_f32x8(s7, load_f32x8(a, ao + i + 56), load_as_f32x8(b, bo + i + 56))
+        # accumulators j = (s[2j], s[2j+1]): 0 += 2, 1 += 3, 0 += 1, then the 16 lanes
+        lo = add_f32x8(add_f32x8(s0, s4), add_f32x8(s2, s6))
+        hi = add_f32x8(add_f32x8(s1, s5), add_f32x8(s3, s7))
+        reduced = hsum_f32x8(add_f32x8(lo, hi))
+    else:
+        s0, s1, s2, s3 = z, z, z, z
+        for i in range(0, np_, 32):
+            s0 = fma_f32x8(s0, load_f32x8(a, ao + i), load_as_f32x8(b, bo + i))
+            s1 = fma_f32x8(s1, load_f32x8(a, ao + i + 8), load_as_f32x8(b, bo + i + 8))
+            s2 = fma_f32x8(s2, load_f32x8(a, ao + i + 16), load_as_f32x8(b, bo + i + 16))
+            s3 = fma_f32x8(s3, load_f32x8(a, ao + i + 24), load_as_f32x8(b, bo + i + 24))
+        reduced = hsum_hadd_f32x8(add_f32x8(add_f32x8(s0, s2), add_f32x8(s1, s3)))
+    if half:
+        wide = np.float64(reduced)
+        for i in range(np_, n):
+            wide += np.float64(a[ao + i] * value_f32(b[bo + i]))
+        return np.float32(wide)
+    s = reduced
+    for i in range(np_, n):
+        s = s + a[ao + i] * value_f32(b[bo + i])
+    return s
+
+
+@intrinsic
+def fmuladd_f32(typingctx, a, b, c):
+    """a * b + c for float32 scalars with one rounding where the target has FMA (llvm.fmuladd):
+    what a C compiler contracting `a * b + c` gives (GCC's default for GNU C/C++)."""
+    if not all(isinstance(x, types.Float) for x in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args)]
+        return _fmuladd(builder, *vals)
+
+    return types.float32(a, b, c), codegen

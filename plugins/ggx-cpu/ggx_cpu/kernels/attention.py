@@ -55,8 +55,10 @@ from ..isa.simd import (
     sub_f32x8,
 )
 from ..isa.vmath import (
+    dot,
     exp_f32x8,
     float_simd,
+    fmuladd_f32,
     hmax_f32x8,
     lanes,
     load_as_f32x8,
@@ -260,18 +262,27 @@ def _tile_softmax(fs, geo, sb, ob, mx, sm, tm):
 
 
 @njit(cache=True, inline="always")
-def _key_updates(geo, acc_f16, sb, ob, vt, mx, sm, mrow, m, has_mask, v, vb0, vstride, ic, nk):
-    """The rows kernel's online softmax over one score tile, key by key as ggml's one_chunk:
-    keys masked to -inf are skipped; a larger score rescales the accumulator (exp(M_old - s)),
-    any other adds exp(s - M) times the value row (converted once into vt for all rows); an F16
-    accumulator is rounded to F16 after each update."""
-    Dv, rows = geo[1], geo[5] * geo[6]
+def _key_updates(fs, geo, params, acc_f16, qb, ob, vt, mx, sm, rs, mrow, k, kb0, kstride, m, has_mask, v, vb0,
+                 vstride, ic, nk):
+    """ggml's one_chunk over the nk slots from ic, key by key: a key whose mask is -inf is
+    skipped; s = (q . k, ggml's vec_dot) * scale (softcap * tanh), + slope * mask; a larger s
+    rescales the accumulator by exp(M_old - s), any other adds exp(s - M) times the value row
+    (converted once into vt for all rows); an F16 accumulator is rounded after each update."""
+    D, Dv, rows = geo[0], geo[1], geo[5] * geo[6]
+    scale, softcap = params
     for j in range(nk):
         _convert(vt, 0, v, vb0 + (ic + j) * vstride, Dv)
+        kb = kb0 + (ic + j) * kstride
         for r in range(rows):
-            if mrow[r] < 0 or (has_mask and m[mrow[r] + ic + j] == _NEG_INF_F16):
+            if mrow[r] < 0:
                 continue
-            s = sb[r * KV_TILE + j]
+            mv = rs[r] * f16_to_f32(m[mrow[r] + ic + j]) if has_mask else np.float32(0.0)
+            if mv == -np.inf:
+                continue
+            s = dot(fs, qb, r * D, k, kb, D) * scale
+            if softcap != 0:
+                s = softcap * np.float32(math.tanh(s))
+            s += mv
             ms_ = np.float32(1.0)
             vs = np.float32(1.0)
             if s > mx[r]:
@@ -287,16 +298,17 @@ def _key_updates(geo, acc_f16, sb, ob, vt, mx, sm, mrow, m, has_mask, v, vb0, vs
                 _mad_h(ob, r * Dv, vt, 0, Dv, vs)
             else:
                 _mad(ob, r * Dv, vt, 0, Dv, vs)
-            sm[r] = sm[r] * ms_ + vs
+            sm[r] = fmuladd_f32(sm[r], ms_, vs)
 
 
 # --- one task ---------------------------------------------------------------------------------------
 @njit(cache=True)
-def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, mx, sm, tm, mrow):
+def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, mx, sm, tm, rs, mrow):
     """Query rows r = g*QT + tq (g < gt heads of one kv head, tq < QT tokens; padded to rp rows)
-    of one batch, over the kv slots of one chunk: S = Q K^T per KV tile by the register-tiled
-    GEMM, then either the tiled online softmax and O += P V (GEMM), or ggml's one_chunk
-    updates key by key (flags[0], `exact`). Writes the rows' outputs, or (M, S, acc) partials."""
+    of one batch, over the kv slots of one chunk, KV tile by KV tile (tiles the mask hides from
+    every row skipped): either ggml's tiled kernel (S = Q K^T by the register-tiled GEMM, the
+    online softmax, O += P V by the GEMM) or, when flags[0] (`exact`), ggml's one_chunk updates
+    key by key. Writes the rows' outputs, or (M, S, acc) partials."""
     q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds = tens
     D, Dv, T, H, G, gt, QT, rp, n_kv, chunk, n_chunks, B, rk3 = geo
     exact, q_f16, acc_f16 = flags
@@ -327,6 +339,7 @@ def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, 
         mx[r] = -np.inf
         sm[r] = 0.0
         mrow[r] = mo + (t0 + tq) * ms[1] + ((h0 + g) % mne[2]) * ms[2] + (b % mne[3]) * ms[3] if valid else -1
+        rs[r] = slopes[h0 + g] if valid else np.float32(0.0)
     # rows the skip test reads: the tokens of every head, or of one when all share a mask plane
     heads_checked = 1 if mne[2] == 1 else gt
     kb0 = ko + hk * ks[2] + (b // rk3) * ks[3]
@@ -340,21 +353,21 @@ def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, 
                 masked = masked and _tile_masked(m, mrow, g * QT, g * QT + nt, ic, nk)
             if masked:
                 continue
+        if exact:
+            _key_updates(fs, geo, params, acc_f16, qb, ob, vt, mx, sm, rs, mrow, k, kb0, ks[1], m, has_mask, v, vb0,
+                         vs_[1], ic, nk)
+            continue
         _pack_k(kt, k, kb0 + ic * ks[1], ks[1], D, nk)
         sb[:] = 0.0
         gemm(fs, sb, 0, KV_TILE, qb, 0, D, kt, 0, KV_TILE, rp, KV_TILE, D)
         for r in range(rp):
             tm[r] = -np.inf
             if mrow[r] >= 0:
-                tm[r] = _scores_row(sb, r * KV_TILE, nk, scale, softcap, has_mask, slopes[h0 + r // QT], m,
-                                    mrow[r] + ic)
-        if exact:
-            _key_updates(geo, acc_f16, sb, ob, vt, mx, sm, mrow, m, has_mask, v, vb0, vs_[1], ic, nk)
-        else:
-            _tile_softmax(fs, geo, sb, ob, mx, sm, tm)
-            for j in range(nk):
-                _convert(vt, j * Dv, v, vb0 + (ic + j) * vs_[1], Dv)
-            gemm(fs, ob, 0, Dv, sb, 0, KV_TILE, vt, 0, Dv, rp, Dv, nk)
+                tm[r] = _scores_row(sb, r * KV_TILE, nk, scale, softcap, has_mask, rs[r], m, mrow[r] + ic)
+        _tile_softmax(fs, geo, sb, ob, mx, sm, tm)
+        for j in range(nk):
+            _convert(vt, j * Dv, v, vb0 + (ic + j) * vs_[1], Dv)
+        gemm(fs, ob, 0, Dv, sb, 0, KV_TILE, vt, 0, Dv, rp, Dv, nk)
     for r in range(rows):
         if mrow[r] < 0:
             continue
@@ -412,10 +425,11 @@ def _worker(fs, counter, n_tasks, geo, params, flags, slopes, part,
     mx = np.empty(rp, np.float32)
     sm = np.empty(rp, np.float32)
     tm = np.empty(rp, np.float32)
+    rs = np.empty(rp, np.float32)
     mrow = np.empty(rp, np.int64)
     task = _fetch_add(counter, 0)
     while task < n_tasks:
-        _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, mx, sm, tm, mrow)
+        _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, mx, sm, tm, rs, mrow)
         task = _fetch_add(counter, 0)
 
 
