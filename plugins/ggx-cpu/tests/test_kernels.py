@@ -141,6 +141,24 @@ def test_ops_close_to_ggml(cpu, name):
     assert nmse(got.reshape(-1), z["out_values"].reshape(-1)) < 1e-10
 
 
+@pytest.mark.parametrize("name", ["softmax_maskf16_s0.125_alibi8_h4", "softmax_maskf32_s0.125_alibi8_h6",
+                                  "swiglu_fused_37x5", "silu_37x5_view"])
+def test_exp_ops_equal_ggml_bit_for_bit(cpu, ggml_avx512_form, name):
+    """ggml's vectorized expf in its AVX-512 form (the build these outputs come from), chunks of 16
+    and libm expf on the tail: SOFT_MAX, SILU and the swiglu GLU give ggml's float32 bits."""
+    z = golden(name)
+    p = json.loads(str(z["params_json"]))
+    ctx, inputs = ggx.Context(), {}
+    x = [golden_input(ctx, inputs, z, i) for i in range(int(z["n_inputs"]))]
+    op = str(z["op"])
+    if op == "SOFT_MAX":
+        out = ctx.soft_max(x[0], x[1] if len(x) > 1 else None, p["scale"], p["max_bias"])
+    else:
+        out = ctx.swiglu(x[0]) if op == "GLU:SWIGLU" else ctx.silu(x[0])
+    got = ggx.compute(out, inputs, device=cpu)[0].reshape(-1)
+    assert np.array_equal(got.view(np.uint32), z["out_values"].astype(np.float32).reshape(-1).view(np.uint32))
+
+
 # --- against the reference backend -----------------------------------------------------------------
 def both(cpu, outs, inputs):
     return ggx.compute(outs, inputs, device=cpu), ggx.compute(outs, inputs, device="ref")

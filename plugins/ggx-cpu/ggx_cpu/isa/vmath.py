@@ -69,13 +69,14 @@ _FORM_OF_VARIANT = {"avx512_vnni": "avx512", "avx2": "avx2", "portable": "avx2"}
 
 
 @functools.cache
-def _float_simd(form: str) -> FloatSimd:
+def float_simd_form(form: str) -> FloatSimd:
+    """The `FloatSimd` token of a form, "avx512" or "avx2" (one object per form)."""
     return FloatSimd(*_FORMS[form])
 
 
 def float_simd(variant: str) -> FloatSimd:
     """The `FloatSimd` token of an ISA variant (variants of one form share the object)."""
-    return _float_simd(_FORM_OF_VARIANT[variant])
+    return float_simd_form(_FORM_OF_VARIANT[variant])
 
 
 @token_constant

@@ -31,6 +31,7 @@ A row whose every key is masked gives 0 (S == 0), as in every ggml path.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -55,6 +56,7 @@ from ..isa.simd import (
     sub_f32x8,
 )
 from ..isa.vmath import (
+    FloatSimd,
     dot,
     exp_f32x8,
     float_simd,
@@ -463,6 +465,41 @@ def query_tile(G: int) -> int:
     return 64 if G == 1 else max(8, -(-64 // G // 8) * 8)
 
 
+class FlashPlan(NamedTuple):
+    """How one FLASH_ATTN_EXT node runs: the kernel (tiled, or ggml's one_chunk rows), the kv
+    chunks of a split decode token, and the tasks: gt heads x qt tokens (rp rows padded)."""
+
+    tiled: bool
+    n_chunks: int
+    gt: int
+    qt: int
+    rp: int
+    n_tasks: int
+
+
+def plan(qne: tuple[int, int, int, int], n_kv: int, Hk: int, Dv: int, same_types: bool, fs: FloatSimd,
+         n_threads: int) -> FlashPlan:
+    """ggml's choices (ggml_compute_forward_flash_attn_ext_f16): the tiled kernel from 64 query
+    rows when K and V have one type and Dv is a multiple of the vector width; split keys for one
+    decode token over >= 512 slots on more than one thread (one chunk per thread); then this
+    plugin's task shapes."""
+    T, H, B = qne[1], qne[2], qne[3]
+    G = H // Hk
+    tiled = T >= TILED_MIN_TOKENS and same_types and Dv % fs.lanes == 0
+    split = not tiled and T == 1 and B == 1 and same_types and n_kv >= SPLIT_KV_MIN and n_threads > 1
+    n_chunks = n_threads if split else 1
+    if tiled:
+        gt, qt = G, query_tile(G)
+    else:
+        # whole groups of heads share each K row; single heads when that leaves too few tasks
+        gt = G if n_threads <= 1 or B * T * Hk * n_chunks >= 2 * n_threads else 1
+        groups = B * Hk * (G // gt) * n_chunks
+        n_qt = max(-(-T // TILED_MIN_TOKENS), min(T, -(-2 * n_threads // groups)) if n_threads > 1 else 1)
+        qt = -(-T // n_qt)
+    rp = -(-(gt * qt) // fs.tile_rows) * fs.tile_rows  # rows per task, padded to the GEMM's tile
+    return FlashPlan(tiled, n_chunks, gt, qt, rp, B * Hk * (G // gt) * -(-T // qt) * n_chunks)
+
+
 def flash_attn_ext(node: Tensor, n_threads: int) -> Launch:
     op = "FLASH_ATTN_EXT"
     need_srcs(node, 3)
@@ -495,30 +532,18 @@ def flash_attn_ext(node: Tensor, n_threads: int) -> Launch:
     else:
         m, mo, ms, mne = _NO_MASK, 0, (0, 0, 0, 0), (1, 1, 1, 1)
     D, T, H, B = qne
-    n_kv, Hk, Dv = kne[1], kne[2], vne[0]
-    G = H // Hk
+    n_kv, Dv = kne[1], vne[0]
     fs = float_simd(isa.active())
-    tiled = T >= TILED_MIN_TOKENS and k.type is v.type and Dv % fs.lanes == 0
-    split = not tiled and T == 1 and B == 1 and k.type is v.type and n_kv >= SPLIT_KV_MIN and n_threads > 1
-    n_chunks = n_threads if split else 1
-    if tiled:
-        gt, qt = G, query_tile(G)
-    else:
-        # whole groups of heads share each K tile; single heads when that leaves too few tasks
-        gt = G if n_threads <= 1 or B * T * Hk * n_chunks >= 2 * n_threads else 1
-        groups = B * Hk * (G // gt) * n_chunks
-        n_qt = max(-(-T // TILED_MIN_TOKENS), min(T, -(-2 * n_threads // groups)) if n_threads > 1 else 1)
-        qt = -(-T // n_qt)
-    n_tasks = B * Hk * (G // gt) * -(-T // qt) * n_chunks
-    rp = -(-(gt * qt) // fs.tile_rows) * fs.tile_rows  # rows per task, padded to the GEMM's tile
-    geo = (D, Dv, T, H, G, gt, qt, rp, n_kv, -(-n_kv // n_chunks), n_chunks, B, B // kne[3])
+    pl = plan(qne, n_kv, kne[2], Dv, k.type is v.type, fs, n_threads)
+    geo = (D, Dv, T, H, H // kne[2], pl.gt, pl.qt, pl.rp, n_kv, -(-n_kv // pl.n_chunks), pl.n_chunks, B, B // kne[3])
     scale = np.float32(p.scale)
     if p.logit_softcap != 0:  # ggml: s = softcap * tanh(s * scale / softcap)
         scale = scale / np.float32(p.logit_softcap)
     params = (scale, np.float32(p.logit_softcap))
-    flags = (not tiled, not tiled and k.type is GType.F16, not tiled and v.type is GType.F16)
-    part = np.empty(H * n_chunks * (2 + Dv), np.float32) if split else _NO_PARTIALS
-    args = (np.zeros(1, np.int64), n_tasks, geo, params, flags, alibi_slopes(H, p.max_bias), part,
+    exact = not pl.tiled
+    flags = (exact, exact and k.type is GType.F16, exact and v.type is GType.F16)
+    part = np.empty(H * pl.n_chunks * (2 + Dv), np.float32) if pl.n_chunks > 1 else _NO_PARTIALS
+    args = (np.zeros(1, np.int64), pl.n_tasks, geo, params, flags, alibi_slopes(H, p.max_bias), part,
             qq, qo, qs, kk, ko, ks, vv, vo, vs, mask is not None, m, mo, ms, mne, dd, do, ds)
-    n_workers = max(1, min(n_threads, n_tasks))
+    n_workers = max(1, min(n_threads, pl.n_tasks))
     return launch(flash_attn_kernel, fs, n_workers, *args, n_threads=n_workers)
