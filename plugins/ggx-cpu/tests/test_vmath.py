@@ -1,5 +1,7 @@
 """ggx_cpu.isa.vmath: ggml's vectorized expf / SiLU in both float forms, its vec_dot order, and
 the F16 vector helpers, against numpy models and float64."""
+import math
+
 import numpy as np
 import pytest
 from numba import njit
@@ -8,12 +10,15 @@ from ggx_cpu.isa import vmath
 from ggx_cpu.isa.simd import load_f32x8, store_f32x8
 from ggx_cpu.isa.vmath import (
     dot,
-    exp_f32x8,
+    exp_chunk,
+    expf,
     float_simd,
+    lanes,
     load_half_f32x8,
     round_half_f32x8,
-    silu_f32x8,
+    silu_chunk,
     store_f32x8_half,
+    swiglu_chunk,
 )
 
 FORMS = [vmath.float_simd_form("avx512"), vmath.float_simd_form("avx2")]
@@ -22,19 +27,19 @@ F32 = np.float32
 
 @njit(cache=True)
 def _vexp(fs, x, y):
-    for i in range(0, x.size, 8):
-        store_f32x8(y, i, exp_f32x8(fs, load_f32x8(x, i)))
+    for i in range(0, x.size, lanes(fs)):
+        exp_chunk(fs, y, i, x, i, np.float32(0.0))
 
 
 @njit(cache=True)
 def _vsilu(fs, x, y):
-    for i in range(0, x.size, 8):
-        store_f32x8(y, i, silu_f32x8(fs, load_f32x8(x, i)))
+    for i in range(0, x.size, lanes(fs)):
+        silu_chunk(fs, y, i, x, i, x, i)
 
 
 def _apply(kernel, fs, x):
     x = np.ascontiguousarray(x, np.float32)
-    pad = np.zeros(-x.size % 8, np.float32)
+    pad = np.zeros(-x.size % 16, np.float32)
     xp = np.concatenate([x, pad])
     y = np.empty_like(xp)
     kernel(fs, xp, y)
@@ -198,3 +203,62 @@ def test_variants_share_a_form():
     assert float_simd("portable") is float_simd("avx2")
     assert float_simd("avx512_vnni").lanes == 16 and float_simd("avx2").lanes == 8
     assert float_simd("avx512_vnni").form == "avx512"
+
+
+@njit(cache=True)
+def _chunk_sums(fs, x, y, m):
+    out = np.empty(x.size // lanes(fs), np.float32)
+    for c in range(out.size):
+        out[c] = exp_chunk(fs, y, c * lanes(fs), x, c * lanes(fs), m)
+    return out
+
+
+@pytest.mark.parametrize("fs", FORMS, ids=lambda f: f.form)
+def test_exp_chunk_sums_in_ggmls_order(fs):
+    """A chunk's sum is ggml's: (low half + high half) for 16 lanes, then the 8-lane ladder."""
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-9, 0, 64 * 16).astype(np.float32)
+    y = np.empty_like(x)
+    got = _chunk_sums(fs, x, y, np.float32(0.5))
+    e = ggml_v_expf((x - np.float32(0.5)).astype(np.float32), fs.form).reshape(-1, fs.lanes)
+    assert np.array_equal(y, e.reshape(-1))
+    if fs.lanes == 16:
+        e = (e[:, :8] + e[:, 8:]).astype(np.float32)
+    t = (e[:, :4] + e[:, 4:]).astype(np.float32)
+    p = (t[:, :2] + t[:, 2:]).astype(np.float32)
+    assert np.array_equal(got, (p[:, 0] + p[:, 1]).astype(np.float32))
+
+
+@njit(cache=True)
+def _swiglu(fs, x, u, y):
+    for i in range(0, x.size, lanes(fs)):
+        swiglu_chunk(fs, y, i, x, i, u, i)
+
+
+@pytest.mark.parametrize("fs", FORMS, ids=lambda f: f.form)
+def test_swiglu_chunk_is_silu_times_up(fs):
+    rng = np.random.default_rng(3)
+    x, u = (rng.uniform(-20, 20, 256).astype(np.float32) for _ in range(2))
+    y, s = np.empty_like(x), np.empty_like(x)
+    _swiglu(fs, x, u, y)
+    _vsilu(fs, x, s)
+    assert np.array_equal(y, (s * u).astype(np.float32))
+
+
+@njit(cache=True)
+def _expf_both(x, got, libm):
+    for i in range(x.size):
+        got[i] = expf(x[i])
+        libm[i] = np.float32(math.exp(x[i]))  # a call to the C library's expf
+
+
+def test_inline_expf_has_libms_bits():
+    """The inline expf against the C library's (glibc's: checked on every float32 in
+    [-104, 89] when written; here a sample, the edges and random bit patterns)."""
+    rng = np.random.default_rng(4)
+    bits = rng.integers(0, 2**32, 300_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([bits, rng.uniform(-110, 95, 300_000).astype(np.float32), SPECIALS,
+                        np.array([88.0, -88.0, 88.72283, 88.72284, -103.97207, -103.97208, 1e-45], np.float32)])
+    got, libm = np.empty_like(x), np.empty_like(x)
+    _expf_both(x, got, libm)
+    assert np.array_equal(got, libm, equal_nan=True)

@@ -170,24 +170,72 @@ def v_silu(builder, x, form: str):
     return builder.fdiv(x, builder.fadd(_const(x.type, 1.0), v_expf(builder, builder.fneg(x), form)))
 
 
-def _unary(ir_fn, doc: str):
+def _hsum(builder, x):
+    """The lanes of an 8- or 16-lane float vector summed in ggml's order for its form: halves
+    added lane-wise down to 8, then ([0..3] + [4..7]), ([0, 1] + [2, 3]), [0] + [1]
+    (_mm512_reduce_add_ps; the AVX2 softmax's extract / movehl / movehdup)."""
+    n = x.type.count
+    while n > 1:
+        n //= 2
+        x = builder.fadd(builder.shuffle_vector(x, x, i32_vector(range(n))),
+                         builder.shuffle_vector(x, x, i32_vector(range(n, 2 * n))))
+    return builder.extract_element(x, ir.Constant(I32, 0))
+
+
+def _chunk_ptr(context, builder, arrty, arr, off, width):
+    """Pointer to `width` float32 lanes from element `off` of a float32 array."""
+    vector = ir.VectorType(ir.FloatType(), width)
+    return builder.bitcast(elem_ptr(context, builder, arrty, arr, off), vector.as_pointer())
+
+
+@intrinsic
+def exp_chunk(typingctx, fs, y, yo, x, xo, m):
+    """y[yo:yo+L] = exp(x[xo:xo+L] - m) for one of ggml's chunks (L = lanes(fs): one vector of
+    the form's width), returning the chunk's float32 sum in ggml's order: the inner step of
+    ggml_vec_soft_max_f32 (float32 arrays, unit stride)."""
+    if not (isinstance(fs, FloatSimdType) and all(isinstance(a, types.Array) and a.dtype == types.float32
+                                                  for a in (y, x))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        _, y_, yo_, x_, xo_, m_ = args
+        vt = ir.VectorType(ir.FloatType(), fs.lanes)
+        v = builder.load(_chunk_ptr(context, builder, sig.args[3], x_, xo_, fs.lanes), align=4)
+        mv = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, ir.Undefined), m_, ir.Constant(I32, 0)),
+                                    ir.Constant(vt, ir.Undefined), i32_vector([0] * fs.lanes))
+        e = v_expf(builder, builder.fsub(v, mv), fs.form)
+        builder.store(e, _chunk_ptr(context, builder, sig.args[1], y_, yo_, fs.lanes), align=4)
+        return _hsum(builder, e)
+
+    return types.float32(fs, y, types.intp, x, types.intp, types.float32), codegen
+
+
+def _make_silu_chunk(gated: bool):
     @intrinsic
-    def f(typingctx, fs, x):
-        if not isinstance(fs, FloatSimdType) or x != F32x8:
+    def silu_chunk(typingctx, fs, y, yo, x, xo, u, uo):
+        if not (isinstance(fs, FloatSimdType) and all(isinstance(a, types.Array) and a.dtype == types.float32
+                                                      for a in (y, x, u))):
             return None
 
         def codegen(context, builder, sig, args):
-            return ir_fn(builder, args[1], fs.form)
+            _, y_, yo_, x_, xo_, u_, uo_ = args
+            w = fs.lanes
+            a = v_silu(builder, builder.load(_chunk_ptr(context, builder, sig.args[3], x_, xo_, w), align=4), fs.form)
+            if gated:
+                a = builder.fmul(a, builder.load(_chunk_ptr(context, builder, sig.args[5], u_, uo_, w), align=4))
+            builder.store(a, _chunk_ptr(context, builder, sig.args[1], y_, yo_, w), align=4)
+            return context.get_dummy_value()
 
-        return F32x8(fs, F32x8), codegen
+        return types.void(fs, y, types.intp, x, types.intp, u, types.intp), codegen
 
-    f.__doc__ = doc
-    return f
+    return silu_chunk
 
 
-exp_f32x8 = _unary(v_expf, "ggml_v_expf of 8 float32 lanes in the form of `fs` (module docstring).")
-silu_f32x8 = _unary(lambda builder, x, form: v_silu(builder, x, form),
-                    "ggml_v_silu of 8 float32 lanes in the form of `fs`: x / (1 + exp(-x)).")
+silu_chunk = _make_silu_chunk(gated=False)
+silu_chunk.__doc__ = ("y[yo:yo+L] = silu(x[xo:xo+L]) for one of ggml's chunks (L = lanes(fs)): ggml_vec_silu_f32's "
+                      "step (u, uo unused).")
+swiglu_chunk = _make_silu_chunk(gated=True)
+swiglu_chunk.__doc__ = "y[yo:yo+L] = silu(x[xo:xo+L]) * u[uo:uo+L]: ggml_vec_swiglu_f32's step."
 
 
 @intrinsic
@@ -378,3 +426,67 @@ def fmuladd_f32(typingctx, a, b, c):
         return _fmuladd(builder, *vals)
 
     return types.float32(a, b, c), codegen
+
+
+# --- glibc's expf, inline ---------------------------------------------------------------------------
+# ggml's scalar code calls expf (row tails, the flash attention updates). glibc (2.27 and later)
+# computes it as ARM's optimized-routines expf: x * 32 / ln2 = k + r, 2^(k/32) from a 32-entry
+# table, a cubic for 2^(r/32), all in float64, rounded once to float32. The same operations here
+# give libm's bits (`fmuladd` where glibc's FMA build contracts) without a call, whose register
+# saves cost more than the formula.
+_EXP2F_N = 32
+_EXP2F_TAB = np.array([np.float64(2.0 ** (i / _EXP2F_N)).view(np.uint64) - np.uint64((i << 52) // _EXP2F_N)
+                       for i in range(_EXP2F_N)], np.uint64)
+_EXPF_SHIFT = float.fromhex("0x1.8p+52")
+_EXPF_INVLN2N = float.fromhex("0x1.71547652b82fep+0") * _EXP2F_N
+_EXPF_C0 = float.fromhex("0x1.c6af84b912394p-5") / _EXP2F_N**3
+_EXPF_C1 = float.fromhex("0x1.ebfce50fac4f3p-3") / _EXP2F_N**2
+_EXPF_C2 = float.fromhex("0x1.62e42ff0c52d6p-1") / _EXP2F_N
+_EXPF_OVERFLOW = np.float32(float.fromhex("0x1.62e42ep6"))  # log(2^128)
+_EXPF_UNDERFLOW = np.float32(float.fromhex("-0x1.9fe368p6"))  # log(2^-150)
+
+
+@intrinsic
+def _bitcast(typingctx, x, target):
+    """x reinterpreted as `target` (float64 <-> uint64, float32 <-> uint32)."""
+    to = target.instance_type if isinstance(target, types.NumberClass) else None
+    if to is None or to.bitwidth != x.bitwidth:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], context.get_value_type(to))
+
+    return to(x, target), codegen
+
+
+@intrinsic
+def _fmuladd_f64(typingctx, a, b, c):
+    """a * b + c in float64, fused where the target has FMA (llvm.fmuladd)."""
+    if not all(x == types.float64 for x in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        d = ir.DoubleType()
+        return builder.call(declare(builder, "llvm.fmuladd.f64", d, [d, d, d]), args)
+
+    return types.float64(types.float64, types.float64, types.float64), codegen
+
+
+@njit(cache=True, inline="always")
+def expf(x):
+    """expf(x) for a float32 x with libm's (glibc's) bits: see the comment above."""
+    if (_bitcast(x, np.uint32) >> 20) & 0x7FF >= 0x42B:  # |x| >= 88, inf or NaN
+        if x == -np.inf or x < _EXPF_UNDERFLOW:
+            return np.float32(0.0)
+        if not x < np.inf:  # +inf or NaN
+            return x + x
+        if x > _EXPF_OVERFLOW:
+            return np.float32(np.inf)
+    xd = np.float64(x)
+    kd = _EXPF_INVLN2N * xd + _EXPF_SHIFT
+    ki = _bitcast(kd, np.uint64)
+    kd -= _EXPF_SHIFT
+    r = _fmuladd_f64(_EXPF_INVLN2N, xd, -kd)  # glibc's FMA build contracts z - kd, z = x * 32 / ln2
+    s = _bitcast(_EXP2F_TAB[ki % np.uint64(_EXP2F_N)] + (ki << np.uint64(47)), np.float64)
+    y = _fmuladd_f64(_fmuladd_f64(_EXPF_C0, r, _EXPF_C1), r * r, _fmuladd_f64(_EXPF_C2, r, 1.0))
+    return np.float32(y * s)

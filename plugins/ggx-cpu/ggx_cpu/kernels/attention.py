@@ -48,17 +48,16 @@ from ..isa.fgemm import gemm, pack_transposed_8x8
 from ..isa.simd import (
     add_f32x8,
     fma_f32x8,
-    hsum_f32x8,
     load_f32x8,
     mul_f32x8,
     splat_f32x8,
     store_f32x8,
-    sub_f32x8,
 )
 from ..isa.vmath import (
     FloatSimd,
     dot,
-    exp_f32x8,
+    exp_chunk,
+    expf,
     float_simd,
     fmuladd_f32,
     hmax_f32x8,
@@ -230,15 +229,8 @@ def _softmax_row(fs, sb, sbo, mnew):
     """P = exp(s - mnew) in place over one row of a score tile; returns its sum in float64, from
     float32 sums of ggml's chunks (ggml_vec_soft_max_f32)."""
     total = 0.0
-    mv = splat_f32x8(mnew)
     for j in range(0, KV_TILE, lanes(fs)):
-        p = exp_f32x8(fs, sub_f32x8(load_f32x8(sb, sbo + j), mv))
-        store_f32x8(sb, sbo + j, p)
-        if lanes(fs) == 16:
-            p2 = exp_f32x8(fs, sub_f32x8(load_f32x8(sb, sbo + j + 8), mv))
-            store_f32x8(sb, sbo + j + 8, p2)
-            p = add_f32x8(p, p2)
-        total += np.float64(hsum_f32x8(p))
+        total += np.float64(exp_chunk(fs, sb, sbo + j, sb, sbo + j, mnew))
     return total
 
 
@@ -256,7 +248,7 @@ def _tile_softmax(fs, geo, sb, ob, mx, sm, tm):
             continue
         mnew = max(mx[r], tmax)
         if mnew > mx[r]:
-            c = np.float32(math.exp(mx[r] - mnew))
+            c = expf(mx[r] - mnew)
             _scale(ob, r * Dv, Dv, c)
             sm[r] *= c
         mx[r] = mnew
@@ -264,38 +256,43 @@ def _tile_softmax(fs, geo, sb, ob, mx, sm, tm):
 
 
 @njit(cache=True, inline="always")
-def _key_updates(fs, geo, params, acc_f16, qb, ob, vt, mx, sm, rs, mrow, k, kb0, kstride, m, has_mask, v, vb0,
-                 vstride, ic, nk):
-    """ggml's one_chunk over the nk slots from ic, key by key: a key whose mask is -inf is
-    skipped; s = (q . k, ggml's vec_dot) * scale (softcap * tanh), + slope * mask; a larger s
-    rescales the accumulator by exp(M_old - s), any other adds exp(s - M) times the value row
-    (converted once into vt for all rows); an F16 accumulator is rounded after each update."""
+def _key_updates(fs, geo, params, acc_f16, qb, sb, live, ob, vt, mx, sm, rs, mrow, k, kb0, kstride, m, has_mask,
+                 v, vb0, vstride, ic, nk):
+    """ggml's one_chunk over the nk slots from ic. A key whose mask is -inf is skipped; the others
+    score s = (q . k, ggml's vec_dot) * scale (softcap * tanh), + slope * mask, all of a row's
+    first (no dependence between them); then key by key, a larger s rescales the accumulator by
+    exp(M_old - s), any other adds exp(s - M) times the value row (converted once into vt for all
+    rows); an F16 accumulator is rounded after each update."""
     D, Dv, rows = geo[0], geo[1], geo[5] * geo[6]
     scale, softcap = params
+    for r in range(rows):
+        if mrow[r] < 0:
+            continue
+        for j in range(nk):
+            mv = rs[r] * f16_to_f32(m[mrow[r] + ic + j]) if has_mask else np.float32(0.0)
+            live[r * KV_TILE + j] = mv != -np.inf
+            if mv != -np.inf:
+                s = dot(fs, qb, r * D, k, kb0 + (ic + j) * kstride, D) * scale
+                if softcap != 0:
+                    s = softcap * np.float32(math.tanh(s))
+                sb[r * KV_TILE + j] = s + mv
     for j in range(nk):
         _convert(vt, 0, v, vb0 + (ic + j) * vstride, Dv)
-        kb = kb0 + (ic + j) * kstride
         for r in range(rows):
-            if mrow[r] < 0:
+            if mrow[r] < 0 or not live[r * KV_TILE + j]:
                 continue
-            mv = rs[r] * f16_to_f32(m[mrow[r] + ic + j]) if has_mask else np.float32(0.0)
-            if mv == -np.inf:
-                continue
-            s = dot(fs, qb, r * D, k, kb, D) * scale
-            if softcap != 0:
-                s = softcap * np.float32(math.tanh(s))
-            s += mv
+            s = sb[r * KV_TILE + j]
             ms_ = np.float32(1.0)
             vs = np.float32(1.0)
             if s > mx[r]:
-                ms_ = np.float32(math.exp(mx[r] - s))
+                ms_ = expf(mx[r] - s)
                 mx[r] = s
                 if acc_f16:
                     _scale_h(ob, r * Dv, Dv, ms_)
                 else:
                     _scale(ob, r * Dv, Dv, ms_)
             else:
-                vs = np.float32(math.exp(s - mx[r]))
+                vs = expf(s - mx[r])
             if acc_f16:
                 _mad_h(ob, r * Dv, vt, 0, Dv, vs)
             else:
@@ -305,7 +302,7 @@ def _key_updates(fs, geo, params, acc_f16, qb, ob, vt, mx, sm, rs, mrow, k, kb0,
 
 # --- one task ---------------------------------------------------------------------------------------
 @njit(cache=True)
-def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, mx, sm, tm, rs, mrow):
+def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, live, ob, mx, sm, tm, rs, mrow):
     """Query rows r = g*QT + tq (g < gt heads of one kv head, tq < QT tokens; padded to rp rows)
     of one batch, over the kv slots of one chunk, KV tile by KV tile (tiles the mask hides from
     every row skipped): either ggml's tiled kernel (S = Q K^T by the register-tiled GEMM, the
@@ -356,8 +353,8 @@ def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, 
             if masked:
                 continue
         if exact:
-            _key_updates(fs, geo, params, acc_f16, qb, ob, vt, mx, sm, rs, mrow, k, kb0, ks[1], m, has_mask, v, vb0,
-                         vs_[1], ic, nk)
+            _key_updates(fs, geo, params, acc_f16, qb, sb, live, ob, vt, mx, sm, rs, mrow, k, kb0, ks[1], m, has_mask,
+                         v, vb0, vs_[1], ic, nk)
             continue
         _pack_k(kt, k, kb0 + ic * ks[1], ks[1], D, nk)
         sb[:] = 0.0
@@ -402,8 +399,8 @@ def _merge_partials(geo, part, d, do, ds):
             if s_c == 0:
                 continue
             m_new = max(m_fin, m_c)
-            old = np.float32(math.exp(m_fin - m_new))
-            new = np.float32(math.exp(m_c - m_new))
+            old = expf(m_fin - m_new)
+            new = expf(m_c - m_new)
             for i in range(Dv):
                 out[i] = out[i] * old + part[pb + 2 + i] * new
             s_fin = s_fin * old + s_c * new
@@ -423,6 +420,7 @@ def _worker(fs, counter, n_tasks, geo, params, flags, slopes, part,
     kt = np.empty(D * KV_TILE, np.float32)
     vt = np.empty(KV_TILE * Dv, np.float32)
     sb = np.empty(rp * KV_TILE, np.float32)
+    live = np.empty(rp * KV_TILE, np.bool_)
     ob = np.empty(rp * Dv, np.float32)
     mx = np.empty(rp, np.float32)
     sm = np.empty(rp, np.float32)
@@ -431,7 +429,7 @@ def _worker(fs, counter, n_tasks, geo, params, flags, slopes, part,
     mrow = np.empty(rp, np.int64)
     task = _fetch_add(counter, 0)
     while task < n_tasks:
-        _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, ob, mx, sm, tm, rs, mrow)
+        _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, live, ob, mx, sm, tm, rs, mrow)
         task = _fetch_add(counter, 0)
 
 

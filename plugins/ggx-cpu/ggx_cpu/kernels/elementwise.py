@@ -23,8 +23,7 @@ from ggx.tensor import Tensor
 from ggx.types import GType
 
 from .. import isa
-from ..isa.simd import load_f32x8, mul_f32x8, store_f32x8
-from ..isa.vmath import float_simd, lanes, silu_f32x8
+from ..isa.vmath import expf, float_simd, lanes, silu_chunk, swiglu_chunk
 from .common import Launch, elems, need_ne, need_srcs, need_type, rows_launch
 from .convert import f32_to_f16
 
@@ -64,8 +63,8 @@ def gelu_table(kind: str) -> np.ndarray:
 
 @njit(cache=True, inline="always")
 def silu(x):
-    """ggml_silu_f32: x / (1 + expf(-x))."""
-    return x / (np.float32(1.0) + np.float32(math.exp(-x)))
+    """ggml_silu_f32: x / (1 + expf(-x)) (libm's expf bits, inline)."""
+    return x / (np.float32(1.0) + expf(-x))
 
 
 @njit(cache=True, inline="always")
@@ -111,9 +110,10 @@ def _silu_row(fs, x, xb, y, yb, n, u, ub):
     gated = u.size > 0
     i = 0
     while i + lanes(fs) <= n:
-        for j in range(i, i + lanes(fs), 8):
-            a = silu_f32x8(fs, load_f32x8(x, xb + j))
-            store_f32x8(y, yb + j, mul_f32x8(a, load_f32x8(u, ub + j)) if gated else a)
+        if gated:
+            swiglu_chunk(fs, y, yb + i, x, xb + i, u, ub + i)
+        else:
+            silu_chunk(fs, y, yb + i, x, xb + i, u, ub + i)
         i += lanes(fs)
     while i < n:
         y[yb + i] = silu(x[xb + i]) * u[ub + i] if gated else silu(x[xb + i])

@@ -20,8 +20,8 @@ from ggx.tensor import Tensor
 from ggx.types import GType
 
 from .. import isa
-from ..isa.simd import add_f32x8, fma_f32x8, hsum_f32x8, load_f32x8, mul_f32x8, splat_f32x8, store_f32x8, sub_f32x8
-from ..isa.vmath import exp_f32x8, float_simd, hmax_f32x8, lanes, load_as_f32x8, max_f32x8
+from ..isa.simd import fma_f32x8, load_f32x8, mul_f32x8, splat_f32x8, store_f32x8
+from ..isa.vmath import exp_chunk, expf, float_simd, hmax_f32x8, lanes, load_as_f32x8, max_f32x8
 from .common import Launch, elems, need_ne, need_srcs, need_type, rows_launch
 from .convert import as_f32
 
@@ -51,7 +51,7 @@ def _softmax_row(scale, slope, has_mask, x, m, y):
         vmax = max(vmax, w)
     acc = 0.0
     for i in range(n0):
-        e = np.float32(math.exp(y[i] - vmax))
+        e = expf(y[i] - vmax)
         y[i] = e
         acc += np.float64(e)
     inv = np.float32(1.0 / acc)
@@ -80,20 +80,13 @@ def _softmax_row_vec(fs, scale, slope, has_mask, x, xb, m, mb, y, yb, n0):
             w += slope * as_f32(m[mb + j])
         y[yb + j] = w
         mx = max(mx, w)
-    mv = splat_f32x8(mx)
     acc = 0.0
     i = 0
     while i + lanes(fs) <= n0:
-        e = exp_f32x8(fs, sub_f32x8(load_f32x8(y, yb + i), mv))
-        store_f32x8(y, yb + i, e)
-        if lanes(fs) == 16:
-            e2 = exp_f32x8(fs, sub_f32x8(load_f32x8(y, yb + i + 8), mv))
-            store_f32x8(y, yb + i + 8, e2)
-            e = add_f32x8(e, e2)
-        acc += np.float64(hsum_f32x8(e))
+        acc += np.float64(exp_chunk(fs, y, yb + i, y, yb + i, mx))
         i += lanes(fs)
     for j in range(i, n0):
-        e = np.float32(math.exp(y[yb + j] - mx))
+        e = expf(y[yb + j] - mx)
         y[yb + j] = e
         acc += np.float64(e)
     inv = splat_f32x8(np.float32(1.0 / acc))
