@@ -53,7 +53,8 @@ def test_plan_follows_ggml(fs):
     assert not plan(q, 512, 3, 64, False, fs, 1).tiled  # F16 K, F32 V: one_chunk, as ggml
     assert plan(q, 512, 3, 72, True, fs, 1).tiled == (72 % fs.lanes == 0)
     tiled = plan((256, 512, 4, 1), 512, 1, 256, True, fs, 2)
-    assert tiled.gt == 4 and tiled.qt * 4 <= 64 and tiled.rp % fs.tile_rows == 0 and tiled.rp >= 4 * tiled.qt
+    assert tiled.gt == 4 and tiled.qt == 32 and tiled.rp % fs.tile_rows == 0 and tiled.rp >= 4 * tiled.qt
+    assert plan((64, 512, 2, 1), 512, 2, 64, True, fs, 2).qt == 64  # one head per kv head: ggml's 64
     decode = plan((64, 1, 9, 1), SPLIT_KV_MIN, 3, 64, True, fs, 2)
     assert decode.n_chunks == 2 and decode.gt == 3 and decode.n_tasks == 6
     assert plan((64, 1, 9, 1), SPLIT_KV_MIN - 1, 3, 64, True, fs, 2).n_chunks == 1
