@@ -24,6 +24,8 @@ import statistics
 import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_PROC_BIND", "true")  # numba's OpenMP layer: no 2-thread stalls
+os.environ.setdefault("OMP_PLACES", "cores")
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402

@@ -450,22 +450,27 @@ def _merge_partials(geo, part, d, do, ds):
 
 
 @njit(cache=True)
-def _worker(fs, counter, n_tasks, geo, params, flags, slopes, part,
+def scratch_floats(D: int, Dv: int, rp: int) -> int:
+    """float32 scratch of one worker: Q rows, K tile, V tile, scores, outputs, 4 values per row."""
+    return rp * (D + KV_TILE + Dv + 4) + KV_TILE * (D + Dv)
+
+
+@njit(cache=True)
+def _worker(fs, w, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, part,
             q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds):
-    """Run tasks until the counter passes n_tasks (scratch allocated once per worker)."""
+    """Run tasks until the counter passes n_tasks, in worker w's share of the scratch arrays
+    (float32 sf, int64 si, bool sl: bound with the launch, so a call allocates nothing)."""
     D, Dv, rp = geo[0], geo[1], geo[7]
     tens = (q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds)
-    qb = np.empty(rp * D, np.float32)
-    kt = np.empty(D * KV_TILE, np.float32)
-    vt = np.empty(KV_TILE * Dv, np.float32)
-    sb = np.empty(rp * KV_TILE, np.float32)
-    live = np.empty(rp * KV_TILE, np.bool_)
-    ob = np.empty(rp * Dv, np.float32)
-    mx = np.empty(rp, np.float32)
-    sm = np.empty(rp, np.float32)
-    tm = np.empty(rp, np.float32)
-    rs = np.empty(rp, np.float32)
-    mrow = np.empty(rp, np.int64)
+    f = sf[w * scratch_floats(D, Dv, rp): (w + 1) * scratch_floats(D, Dv, rp)]
+    qb, f = f[: rp * D], f[rp * D:]
+    kt, f = f[: D * KV_TILE], f[D * KV_TILE:]
+    vt, f = f[: KV_TILE * Dv], f[KV_TILE * Dv:]
+    sb, f = f[: rp * KV_TILE], f[rp * KV_TILE:]
+    ob, f = f[: rp * Dv], f[rp * Dv:]
+    mx, sm, tm, rs = f[:rp], f[rp: 2 * rp], f[2 * rp: 3 * rp], f[3 * rp: 4 * rp]
+    mrow = si[w * rp: (w + 1) * rp]
+    live = sl[w * rp * KV_TILE: (w + 1) * rp * KV_TILE]
     task = _fetch_add(counter, 0)
     while task < n_tasks:
         _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, live, ob, mx, sm, tm, rs, mrow)
@@ -473,19 +478,20 @@ def _worker(fs, counter, n_tasks, geo, params, flags, slopes, part,
 
 
 @njit(cache=True, parallel=True)
-def flash_attn_kernel(fs, n_workers, counter, n_tasks, geo, params, flags, slopes, part,
+def flash_attn_kernel(fs, n_workers, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, part,
                       q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds):
     """n_tasks tasks on n_workers threads taking them from one counter, then the merge of split
     keys' partials.
 
-    fs: ggml's float SIMD form (`ggx_cpu.isa.vmath.FloatSimd`: GEMM tile, expf); geo = (D, Dv,
+    fs: ggml's float SIMD form (`ggx_cpu.isa.vmath.FloatSimd`: GEMM tile, expf); sf, si, sl:
+    each worker's scratch (`scratch_floats` float32, rp int64, rp * 64 bool); geo = (D, Dv,
     T, H, G, heads per task gt, tokens per task QT, rows padded rp, KV, kv chunk, n_chunks, B,
     rk3); params = (scale, softcap); flags = (exact: ggml's one_chunk, Q rounded to F16, F16
     accumulator); part: (M, S, acc) per head and chunk when keys are split, else empty; then the
     tensors in the plugin's convention (mask: has_mask, m, mo, ms, mne)."""
     counter[0] = 0
-    for _ in prange(n_workers):
-        _worker(fs, counter, n_tasks, geo, params, flags, slopes, part,
+    for w in prange(n_workers):
+        _worker(fs, w, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, part,
                 q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds)
     if part.size:
         _merge_partials(geo, part, d, do, ds)
@@ -530,8 +536,10 @@ def plan(qne: tuple[int, int, int, int], n_kv: int, Hk: int, Dv: int, same_types
     if tiled:
         gt, qt = G, query_tile(G)
     else:
-        # whole groups of heads share each K row; single heads when that leaves too few tasks
-        gt = G if n_threads <= 1 or B * T * Hk * n_chunks >= 2 * n_threads else 1
+        # whole groups of heads share each K/V row; single heads when the groups would leave
+        # threads idle or unevenly loaded (3 groups on 2 threads)
+        grouped = B * T * Hk * n_chunks
+        gt = G if n_threads <= 1 or grouped % n_threads == 0 or grouped >= 4 * n_threads else 1
         groups = B * Hk * (G // gt) * n_chunks
         n_qt = max(-(-T // TILED_MIN_TOKENS), min(T, -(-2 * n_threads // groups)) if n_threads > 1 else 1)
         qt = -(-T // n_qt)
@@ -585,4 +593,6 @@ def flash_attn_ext(node: Tensor, n_threads: int) -> Launch:
     args = (np.zeros(1, np.int64), pl.n_tasks, geo, params, flags, alibi_slopes(H, p.max_bias), part,
             qq, qo, qs, kk, ko, ks, vv, vo, vs, mask is not None, m, mo, ms, mne, dd, do, ds)
     n_workers = max(1, min(n_threads, pl.n_tasks))
-    return launch(flash_attn_kernel, fs, n_workers, *args, n_threads=n_workers)
+    scratch = (np.empty(n_workers * scratch_floats(D, Dv, pl.rp), np.float32), np.empty(n_workers * pl.rp, np.int64),
+               np.empty(n_workers * pl.rp * KV_TILE, np.bool_))
+    return launch(flash_attn_kernel, fs, n_workers, *scratch, *args, n_threads=n_workers)
