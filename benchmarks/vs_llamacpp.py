@@ -7,7 +7,9 @@ Tests (as llama-bench defines them): pp512 (a 512-token prompt on an empty cache
 tokens generated one by one), and the short prompts pp8 and pp37. Each round also starts both
 tools once for a single generated token (`-p 0 -n 1 -r 1`): the wall time of that run (loading the
 file, setting up, one token) and the peak resident memory of each process are reported as "start"
-and "peak RSS".
+and "peak RSS". Each round also measures the memory read bandwidth (a parallel sum over 1 GiB on
+the same threads), against which the weights read per second of tg128 (the file's tensor bytes
+times tokens/s) are shown for both tools.
 
 llama-bench comes from `--llama-bench` or $LLAMA_BENCH. To build it (CPU only; ~5-10 minutes on
 two cores) from the llama.cpp sources, e.g. those vendored by the llama-cpp-python source
@@ -43,6 +45,33 @@ def _run(cmd: list[str]) -> tuple[str, float, int]:
     return out, wall, usage.ru_maxrss * 1024
 
 
+_BANDWIDTH = """
+import sys, time, numba, numpy as np
+@numba.njit(parallel=True, fastmath=True)
+def total(a):
+    s = 0.0
+    for i in numba.prange(a.size):
+        s += a[i]
+    return s
+a = np.ones(1 << 28, np.float32)
+numba.set_num_threads(min(int(sys.argv[1]), numba.config.NUMBA_NUM_THREADS))
+total(a)
+best = float("inf")
+for _ in range(5):
+    t0 = time.perf_counter()
+    total(a)
+    best = min(best, time.perf_counter() - t0)
+print(a.nbytes / best)
+"""
+
+
+def _read_bandwidth(threads: int) -> float:
+    """Bytes per second of a parallel float32 sum over 1 GiB on `threads` threads (best of 5), in
+    a process of its own (its gigabyte would otherwise count in the next tool's peak RSS)."""
+    out = subprocess.run([sys.executable, "-c", _BANDWIDTH, str(threads)], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
 def _tests(records: list[dict]) -> dict[str, float]:
     """test name -> tokens/s from a llama-bench / ggx bench JSON list."""
     out = {}
@@ -71,11 +100,15 @@ def _commands(tool: str, model: str, threads: int, reps: int, exe: str) -> tuple
 
 def compare(model: str, llama_bench: str, ggx: str, rounds: int, threads: int, reps: int) -> None:
     results: dict[str, dict[str, list[float]]] = {"llama.cpp": {}, "ggx": {}}
+    bandwidth, weight_bytes = [], 0
     for rnd in range(rounds):
+        bandwidth.append(_read_bandwidth(threads))
         for tool, exe in (("llama.cpp", llama_bench), ("ggx", ggx)):
             timed, start = _commands(tool, model, threads, reps, exe)
             out, _, _ = _run(timed)
-            for name, tps in _tests(_json(out)).items():
+            records = _json(out)
+            weight_bytes = int(records[0]["model_size"])
+            for name, tps in _tests(records).items():
                 results[tool].setdefault(name, []).append(tps)
             _, wall, rss = _run(start)
             results[tool].setdefault("start s", []).append(wall)
@@ -92,6 +125,14 @@ def compare(model: str, llama_bench: str, ggx: str, rounds: int, threads: int, r
         unit = "" if name.startswith(("start", "peak")) else " t/s"
         print(f"| {name} | {ma:.2f}{unit} ({min(a):.1f}-{max(a):.1f}) | {mb:.2f}{unit} ({min(b):.1f}-{max(b):.1f}) | "
               f"{mb / ma:.2f}x ({min(per_round):.2f}-{max(per_round):.2f}) |")
+    bw = statistics.median(bandwidth)
+    tg = [f"{k}{n}" for k, n in TESTS if k == "tg"]
+    if tg and weight_bytes:
+        read = {tool: statistics.median(results[tool][tg[0]]) * weight_bytes for tool in results}
+        print(f"\nmemory read bandwidth measured in this run: {bw / 1e9:.1f} GB/s "
+              f"({min(bandwidth) / 1e9:.1f}-{max(bandwidth) / 1e9:.1f}); weights read during {tg[0]} "
+              f"({weight_bytes / 2**20:.0f} MiB a token): "
+              + ", ".join(f"{tool} {v / 1e9:.1f} GB/s ({100 * v / bw:.0f} %)" for tool, v in read.items()))
 
 
 def main() -> int:
