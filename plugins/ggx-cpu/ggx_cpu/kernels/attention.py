@@ -5,26 +5,28 @@ q [D, T, H, B] F32, k [D, KV, Hk, Bk], v [Dv, KV, Hk, Bk], mask F16 [KV, >=T, m2
 The result is permuted: out [Dv, H, T, B] (out[:, h, t, b]). Query head h reads kv head
 h // G (G = H / Hk query heads share one kv head). Rows of q, k, v and mask are contiguous.
 
-Two kernels, chosen as ggml's CPU backend chooses (ggml_compute_forward_flash_attn_ext_f16):
+Two kernels, chosen as ggml's CPU backend chooses (ggml_compute_forward_flash_attn_ext_f16;
+`plan`), both computing ggml's float code of the ISA variant's form (`ggx_cpu.isa.vmath`):
 
-- **Tiled** (T >= 64, K and V of one type, Dv a multiple of the vector width; ggml's
-  `..._tiled`, everything F32). A task is (batch, kv head, tile of QT query tokens) and holds the
-  QT rows of *each* of the G query heads of that kv head, so a K/V tile converted to F32 once
-  serves all of them. Per KV tile of 64 slots: skipped when its mask is -inf for every row of the
-  task (causal and sliding-window masks skip most tiles); else K is converted transposed (slots
-  contiguous), S = Q K^T and O += P V are register-tiled F32 GEMMs (`ggx_cpu.isa.fgemm`), and
-  between them each row's online softmax: the tile maximum, a rescale of O and of the row sum
-  when the maximum grows, P = exp(S - M) by the vectorized expf (`ggx_cpu.isa.vmath`). Tasks go
-  to threads by an atomic counter, heaviest first (the last query tiles see the most keys under
-  a causal mask), so threads stay busy whatever the mask skips.
-- **Rows** (otherwise, decode included; ggml's `..._one_chunk`, with its roundings: Q is
-  rounded to F16 when K is F16, so the dot is F16 x F16 in F32, and the V accumulator is an F16
-  buffer, rounded after every update, when V is F16). A task is (batch, token, kv head, kv
-  chunk) over a group of query heads: each K and V row is read once for the group and used as
-  vectors. Keys whose mask value is -inf are skipped. Decode over a long cache (T = 1, B = 1, K
-  and V of one type, KV >= 512) splits the slots into one chunk per thread, each chunk keeping
-  (M, S, accumulator) partials that are merged at the end (ggml's split-KV path and
-  ggml_flash_attn_ext_reduce_partials).
+- **Tiled** (T >= 64, K and V of one type, Dv a multiple of the form's vector width; ggml's
+  `..._tiled`, everything F32): K converted transposed (slots contiguous), S = Q K^T and O += P V
+  by the register-tiled GEMM (`ggx_cpu.isa.fgemm`, ggml's simd_gemm order), between them each
+  row's online softmax: the tile maximum, a rescale of O and of the row sum when the maximum
+  grows, P = exp(S - M) over ggml's chunks.
+- **One chunk** (otherwise, decode included; ggml's `..._one_chunk`, with its roundings: Q is
+  rounded to F16 when K is F16, the dot is ggml's vec_dot, and the V accumulator is an F16
+  buffer, rounded after every update, when V is F16; keys whose mask value is -inf are skipped).
+  A row's scores over a KV tile come first, then the key-by-key updates. Decode over a long cache
+  (T = 1, B = 1, K and V of one type, KV >= 512, more than one thread) splits the slots into one
+  chunk per thread, each chunk keeping (M, S, accumulator) partials merged at the end (ggml's
+  split-KV path and ggml_flash_attn_ext_reduce_partials).
+
+One kernel runs both. A task is (batch, kv head, tile of query tokens, kv chunk) and holds the
+rows of each of the G query heads of that kv head (GQA), so a K/V tile converted once serves all
+of them; KV tiles of 64 slots whose mask is -inf for every row of the task are skipped (causal
+and sliding-window masks skip most). Tasks go to threads by an atomic counter, heaviest first
+(the last query tiles see the most keys under a causal mask), so threads stay busy whatever the
+mask skips; no result depends on which thread ran it.
 
 A row whose every key is masked gives 0 (S == 0), as in every ggml path.
 """
