@@ -101,81 +101,32 @@ def _h(x):
 
 
 @njit(cache=True, inline="always")
-def _scale(x, o, n, c):
-    """x[o:o+n] *= c (float32)."""
+def _scale_to(y, yo, x, xo, n, c, half):
+    """y[yo:yo+n] = x[xo:xo+n] * c (float32), rounded to F16 when `half` (ggml_vec_scale_f16 on
+    an F16 buffer held as float32 values: the rounding in registers gives a store's bits)."""
     cv = splat_f32x8(c)
     i = 0
     while i + 8 <= n:
-        store_f32x8(x, o + i, mul_f32x8(load_f32x8(x, o + i), cv))
+        r = mul_f32x8(load_f32x8(x, xo + i), cv)
+        store_f32x8(y, yo + i, round_half_f32x8(r) if half else r)
         i += 8
     while i < n:
-        x[o + i] *= c
+        y[yo + i] = _h(x[xo + i] * c) if half else x[xo + i] * c
         i += 1
 
 
 @njit(cache=True, inline="always")
-def _scale_h(x, o, n, c):
-    """x[o:o+n] = f16(x[o:o+n] * c): an F16 buffer (held as float32 values) scaled, as
-    ggml_vec_scale_f16 (the rounding in registers: the same bits as a store and load)."""
+def _mad(y, yo, x, xo, n, c, half):
+    """y[yo:yo+n] += x[xo:xo+n] * c (one FMA; y float32, x float32 or F16 bits), rounded to F16
+    when `half` (ggml_vec_mad_f16 on an F16 buffer held as float32 values)."""
     cv = splat_f32x8(c)
     i = 0
     while i + 8 <= n:
-        store_f32x8(x, o + i, round_half_f32x8(mul_f32x8(load_f32x8(x, o + i), cv)))
+        r = fma_f32x8(load_f32x8(y, yo + i), load_as_f32x8(x, xo + i), cv)
+        store_f32x8(y, yo + i, round_half_f32x8(r) if half else r)
         i += 8
     while i < n:
-        x[o + i] = _h(x[o + i] * c)
-        i += 1
-
-
-@njit(cache=True, inline="always")
-def _scale_to(y, yo, x, xo, n, c):
-    """y[yo:yo+n] = x[xo:xo+n] * c (float32)."""
-    cv = splat_f32x8(c)
-    i = 0
-    while i + 8 <= n:
-        store_f32x8(y, yo + i, mul_f32x8(load_f32x8(x, xo + i), cv))
-        i += 8
-    while i < n:
-        y[yo + i] = x[xo + i] * c
-        i += 1
-
-
-@njit(cache=True, inline="always")
-def _copy_h(y, yo, x, xo, n):
-    """y[yo:yo+n] = x[xo:xo+n] rounded to F16 (float32 values)."""
-    i = 0
-    while i + 8 <= n:
-        store_f32x8(y, yo + i, round_half_f32x8(load_f32x8(x, xo + i)))
-        i += 8
-    while i < n:
-        y[yo + i] = _h(x[xo + i])
-        i += 1
-
-
-@njit(cache=True, inline="always")
-def _mad(y, yo, x, xo, n, c):
-    """y[yo:yo+n] += x[xo:xo+n] * c (y float32; x float32 or F16 bits)."""
-    cv = splat_f32x8(c)
-    i = 0
-    while i + 8 <= n:
-        store_f32x8(y, yo + i, fma_f32x8(load_f32x8(y, yo + i), load_as_f32x8(x, xo + i), cv))
-        i += 8
-    while i < n:
-        y[yo + i] += as_f32(x[xo + i]) * c
-        i += 1
-
-
-@njit(cache=True, inline="always")
-def _mad_h(y, yo, x, xo, n, c):
-    """y[yo:yo+n] = f16(y + x[xo:xo+n] * c): an F16 buffer (held as float32 values) updated, as
-    ggml_vec_mad_f16 (x float32)."""
-    cv = splat_f32x8(c)
-    i = 0
-    while i + 8 <= n:
-        store_f32x8(y, yo + i, round_half_f32x8(fma_f32x8(load_f32x8(y, yo + i), load_f32x8(x, xo + i), cv)))
-        i += 8
-    while i < n:
-        y[yo + i] = _h(y[yo + i] + x[xo + i] * c)
+        y[yo + i] = _h(y[yo + i] + as_f32(x[xo + i]) * c) if half else y[yo + i] + as_f32(x[xo + i]) * c
         i += 1
 
 
@@ -284,7 +235,7 @@ def _tile_softmax(fs, geo, sb, ob, mx, sm, tm):
         mnew = max(mx[r], tmax)
         if mnew > mx[r]:
             c = expf(mx[r] - mnew)
-            _scale(ob, r * Dv, Dv, c)
+            _scale_to(ob, r * Dv, ob, r * Dv, Dv, c, False)
             sm[r] *= c
         mx[r] = mnew
         sm[r] = np.float32(np.float64(sm[r]) + _softmax_row(fs, sb, sbo, mnew))
@@ -322,16 +273,10 @@ def _key_updates(fs, geo, params, acc_f16, qb, sb, live, ob, vt, mx, sm, rs, mro
             if s > mx[r]:
                 ms_ = expf(mx[r] - s)
                 mx[r] = s
-                if acc_f16:
-                    _scale_h(ob, r * Dv, Dv, ms_)
-                else:
-                    _scale(ob, r * Dv, Dv, ms_)
+                _scale_to(ob, r * Dv, ob, r * Dv, Dv, ms_, acc_f16)
             else:
                 vs = expf(s - mx[r])
-            if acc_f16:
-                _mad_h(ob, r * Dv, vt, 0, Dv, vs)
-            else:
-                _mad(ob, r * Dv, vt, 0, Dv, vs)
+            _mad(ob, r * Dv, vt, 0, Dv, vs, acc_f16)
             sm[r] = fmuladd_f32(sm[r], ms_, vs)
 
 
@@ -369,7 +314,7 @@ def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, live
         if not valid:
             qb[r * D: (r + 1) * D] = 0.0
         elif q_f16:  # ggml's q_to_vec_dot: the query rounded to F16 for an F16 x F16 dot
-            _copy_h(qb, r * D, q, qrow, D)
+            _scale_to(qb, r * D, q, qrow, D, np.float32(1.0), True)
         else:
             _convert(qb, r * D, q, qrow, D)
         ob[r * Dv: (r + 1) * Dv] = 0.0
@@ -419,7 +364,7 @@ def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, live
             inv = np.float32(0.0) if sm[r] == 0 else np.float32(1.0) / sm[r]
             db = do + h * ds[1] + (t0 + tq) * ds[2] + b * ds[3]
             if ds[0] == 1:
-                _scale_to(d, db, ob, r * Dv, Dv, inv)
+                _scale_to(d, db, ob, r * Dv, Dv, inv, False)
             else:
                 for i in range(Dv):
                     d[db + i * ds[0]] = ob[r * Dv + i] * inv
