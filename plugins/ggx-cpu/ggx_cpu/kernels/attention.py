@@ -398,8 +398,15 @@ def _merge_partials(geo, part, d, do, ds):
 
 @njit(cache=True)
 def scratch_floats(D: int, Dv: int, rp: int) -> int:
-    """float32 scratch of one worker: Q rows, K tile, V tile, scores, outputs, 4 values per row."""
-    return rp * (D + KV_TILE + Dv + 4) + KV_TILE * (D + Dv)
+    """float32 scratch of one worker (Q rows, K tile, V tile, scores, outputs, 4 values per row),
+    rounded up to whole 64-byte lines so that two workers never write one line."""
+    return -(-(rp * (D + KV_TILE + Dv + 4) + KV_TILE * (D + Dv)) // 16) * 16
+
+
+@njit(cache=True)
+def scratch_rows(rp: int) -> int:
+    """int64 row offsets of one worker, in whole 64-byte lines."""
+    return -(-rp // 8) * 8
 
 
 @njit(cache=True)
@@ -416,7 +423,7 @@ def _worker(fs, w, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, par
     sb, f = f[: rp * KV_TILE], f[rp * KV_TILE:]
     ob, f = f[: rp * Dv], f[rp * Dv:]
     mx, sm, tm, rs = f[:rp], f[rp: 2 * rp], f[2 * rp: 3 * rp], f[3 * rp: 4 * rp]
-    mrow = si[w * rp: (w + 1) * rp]
+    mrow = si[w * scratch_rows(rp): w * scratch_rows(rp) + rp]
     live = sl[w * rp * KV_TILE: (w + 1) * rp * KV_TILE]
     task = _fetch_add(counter, 0)
     while task < n_tasks:
@@ -431,7 +438,7 @@ def flash_attn_kernel(fs, n_workers, sf, si, sl, counter, n_tasks, geo, params, 
     keys' partials.
 
     fs: ggml's float SIMD form (`ggx_cpu.isa.vmath.FloatSimd`: GEMM tile, expf); sf, si, sl:
-    each worker's scratch (`scratch_floats` float32, rp int64, rp * 64 bool); geo = (D, Dv,
+    each worker's scratch (`scratch_floats` float32, `scratch_rows` int64, rp * 64 bool); geo = (D, Dv,
     T, H, G, heads per task gt, tokens per task QT, rows padded rp, KV, kv chunk, n_chunks, B,
     rk3); params = (scale, softcap); flags = (exact: ggml's one_chunk, Q rounded to F16, F16
     accumulator); part: (M, S, acc) per head and chunk when keys are split, else empty; then the
@@ -447,6 +454,14 @@ def flash_attn_kernel(fs, n_workers, sf, si, sl, counter, n_tasks, geo, params, 
 # --- the wrapper ------------------------------------------------------------------------------------
 _NO_MASK = np.zeros(1, np.uint16)
 _NO_PARTIALS = np.zeros(0, np.float32)
+
+
+def _lines(n: int, dtype: type) -> np.ndarray:
+    """n elements starting on a 64-byte line (workers' shares are whole lines: no false sharing)."""
+    size = np.dtype(dtype).itemsize
+    buf = np.empty(n + 64 // size, dtype)
+    start = (-buf.ctypes.data % 64) // size
+    return buf[start: start + n]
 
 
 def query_tile(G: int) -> int:
@@ -540,6 +555,6 @@ def flash_attn_ext(node: Tensor, n_threads: int) -> Launch:
     args = (np.zeros(1, np.int64), pl.n_tasks, geo, params, flags, alibi_slopes(H, p.max_bias), part,
             qq, qo, qs, kk, ko, ks, vv, vo, vs, mask is not None, m, mo, ms, mne, dd, do, ds)
     n_workers = max(1, min(n_threads, pl.n_tasks))
-    scratch = (np.empty(n_workers * scratch_floats(D, Dv, pl.rp), np.float32), np.empty(n_workers * pl.rp, np.int64),
-               np.empty(n_workers * pl.rp * KV_TILE, np.bool_))
+    scratch = (_lines(n_workers * scratch_floats(D, Dv, pl.rp), np.float32),
+               _lines(n_workers * scratch_rows(pl.rp), np.int64), _lines(n_workers * pl.rp * KV_TILE, np.bool_))
     return launch(flash_attn_kernel, fs, n_workers, *scratch, *args, n_threads=n_workers)
