@@ -110,6 +110,76 @@ class HostBuffer(Buffer):
         self.host_view()[:] = value
 
 
+class TransformedBuffer(Buffer):
+    """Host memory holding whole weights in a layout of its buffer type's own (ggml's repack and
+    AMX buffers): a transforming extra buffer type's kernels read it through `packed_bytes()`.
+
+    ggml's layout is gone once a weight is set, so the buffer is write-only: `set_tensor` takes a
+    whole contiguous tensor (offset 0, all of its ggml bytes) and stores `transform(tensor,
+    data)` at the tensor's offset; `get_tensor` raises GGXUnsupported; `cpy_tensor` declines;
+    `memset_tensor` and `clear` fill raw bytes (as ggml's do, so allocators can clear and guard
+    it). Subclasses give `transform` and say in `transformed` what it did ("repacked").
+    """
+
+    transformed = "transformed"
+
+    def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.WEIGHTS):
+        super().__init__(buft, size, usage)
+        self._memory: np.ndarray | None = alloc_host_memory(buft, size)
+
+    def transform(self, tensor: Tensor, data: np.ndarray) -> np.ndarray:
+        """The bytes `tensor` is stored as, from its ggml bytes `data` (uint8); GGXUnsupported
+        naming why for a weight this buffer type cannot take."""
+        raise NotImplementedError
+
+    def packed_bytes(self) -> np.ndarray:
+        """The buffer's bytes, weights as `transform` left them (what the kernels read)."""
+        memory = self._memory
+        if memory is None:
+            raise GGXUnsupported(f"{self.buft.name}: this {self.size}-byte buffer was freed")
+        return memory
+
+    def free(self) -> None:
+        self._memory = None
+        super().free()
+
+    def set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
+        name = self.buft.name
+        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if offset != 0 or data.size != tensor.nbytes:
+            raise GGXUnsupported(f"{name}: {tensor.describe()} must be set whole (offset 0, {tensor.nbytes} "
+                                 f"bytes); got offset {offset}, {data.size} bytes")
+        if tensor.view_src is not None or not tensor.is_contiguous():
+            raise GGXUnsupported(f"{name}: {tensor.describe()} is a view or not contiguous; only whole "
+                                 f"contiguous weights are {self.transformed}")
+        memory = self.packed_bytes()
+        packed = self.transform(tensor, data)
+        start = tensor.data_offset
+        if start + packed.size > self.size:
+            raise GGXShapeError(f"{name}: {tensor.describe()} needs bytes {start}..{start + packed.size} of a "
+                                f"{self.size}-byte buffer (allocate get_alloc_size bytes)")
+        memory[start: start + packed.size] = packed
+
+    def get_tensor(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
+        raise GGXUnsupported(f"{self.buft.name} is write-only: {tensor.describe()} was {self.transformed} and "
+                             "is no longer in ggml's layout; read the weights from their source instead")
+
+    def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
+        size = tensor.nbytes - offset if size is None else size
+        start = tensor.data_offset + offset
+        if offset < 0 or size < 0 or start + size > self.size:
+            raise GGXShapeError(f"{self.buft.name}: memset of bytes {offset}..{offset + size} of "
+                                f"{tensor.describe()} is outside the {self.size}-byte buffer")
+        self.packed_bytes()[start: start + size] = value
+
+    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """Declines: a weight gets here only through set_tensor, which transforms it."""
+        return False
+
+    def clear(self, value: int = 0) -> None:
+        self.packed_bytes()[:] = value
+
+
 class HostBufferType(BufferType):
     """Plain host memory for a device (each CPU-side device owns one instance)."""
 

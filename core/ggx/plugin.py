@@ -11,7 +11,8 @@ call it, and it may change without an API version bump.
   its arguments bound, as `ExtraBufferType.prepare_forward` returns it);
 - `ggx.hookspecs`, the hooks a plugin implements (`ggx_backend_reg`, `ggx_extra_buffer_types`)
   and their marker `hookimpl`;
-- `ggx.host`, host memory: `HostBufferType`, `HostBuffer`, `tensor_array` (a numpy view of a
+- `ggx.host`, host memory: `HostBufferType`, `HostBuffer`, `TransformedBuffer` (the write-only
+  host memory of a transforming extra buffer type), `tensor_array` (a numpy view of a
   tensor in host memory), `aligned_empty`, `alloc_host_memory`, `host_memory`, `HOST_ALIGNMENT`;
 - `ggx.errors`: `GGXError`, `GGXUnsupported`, `GGXOutOfMemory`, `GGXShapeError`,
   `GGXPluginError`, `GGXFormatError`, `GGXStateError`, `GGXValueError`, `GGXDeviceError`;
@@ -55,6 +56,7 @@ from .host import (
     HOST_ALIGNMENT,
     HostBuffer,
     HostBufferType,
+    TransformedBuffer,
     aligned_empty,
     alloc_host_memory,
     host_memory,
@@ -71,6 +73,7 @@ __all__ = [
     "DeviceCaps", "DeviceType", "Event", "ExtraBufferType", "GGXDeviceError", "GGXError", "GGXFormatError",
     "GGXOutOfMemory", "GGXPluginError", "GGXShapeError", "GGXStateError", "GGXUnsupported", "GGXValueError",
     "GType", "Graph", "HostBuffer", "HostBufferType", "HostEvent", "Launch", "Op", "Tensor", "TensorFlag",
+    "TransformedBuffer",
     "aligned_empty", "alloc_host_memory", "compiling", "decode_graph", "encode_graph", "host_memory",
     "hookimpl", "tensor_array",
 ]

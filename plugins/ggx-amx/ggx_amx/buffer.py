@@ -22,9 +22,9 @@ import weakref
 
 import numpy as np
 
-from ggx.backend import Buffer, BufferType, BufferUsage, Device, ExtraBufferType, Launch
-from ggx.errors import GGXOutOfMemory, GGXShapeError, GGXUnsupported
-from ggx.host import alloc_host_memory, tensor_array
+from ggx.backend import BufferType, Device, ExtraBufferType, Launch
+from ggx.errors import GGXOutOfMemory, GGXUnsupported
+from ggx.host import TransformedBuffer, tensor_array
 from ggx.ops import Op
 from ggx.tensor import Tensor
 
@@ -34,63 +34,16 @@ NAMES = {"amx": "AMX", "emulated": "AMX_EMULATED"}
 ROWS_MULTIPLE = 32  # output rows per kernel task (ggml: op->ne[0] % (TILE_N * 2) == 0)
 
 
-class AmxBuffer(Buffer):
+class AmxBuffer(TransformedBuffer):
     """Host memory holding weights in the AMX layout; write-only (see the module docstring)."""
 
-    def __init__(self, buft: AmxBufferType, size: int, usage: BufferUsage = BufferUsage.WEIGHTS):
-        super().__init__(buft, size, usage)
-        self._memory: np.ndarray | None = alloc_host_memory(buft, size)
+    transformed = "packed into AMX tiles"
 
-    def packed_bytes(self) -> np.ndarray:
-        """The buffer's bytes, weights in the AMX layout (what this plugin's kernels read)."""
-        memory = self._memory
-        if memory is None:
-            raise GGXUnsupported(f"{self.buft.name}: this {self.size}-byte buffer was freed")
-        return memory
-
-    def free(self) -> None:
-        self._memory = None
-        super().free()
-
-    def set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
-        name = self.buft.name
-        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-        if offset != 0 or data.size != tensor.nbytes:
-            raise GGXUnsupported(f"{name}: {tensor.describe()} must be set whole (offset 0, {tensor.nbytes} "
-                                 f"bytes); got offset {offset}, {data.size} bytes")
-        if tensor.view_src is not None or not tensor.is_contiguous():
-            raise GGXUnsupported(f"{name}: {tensor.describe()} is a view or not contiguous; only whole "
-                                 "contiguous weights are packed")
+    def transform(self, tensor: Tensor, data: np.ndarray) -> np.ndarray:
         why = self.buft.why_not_weight(tensor)
         if why is not None:
-            raise GGXUnsupported(f"{name}: {why}; keep it in the plain CPU buffer")
-        memory = self.packed_bytes()
-        packed = pack(tensor.type, data, tensor.ne)
-        start = tensor.data_offset
-        if start + packed.size > self.size:
-            raise GGXShapeError(f"{name}: {tensor.describe()} needs bytes {start}..{start + packed.size} of a "
-                                f"{self.size}-byte buffer (allocate get_alloc_size bytes)")
-        memory[start: start + packed.size] = packed
-
-    def get_tensor(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
-        raise GGXUnsupported(f"{self.buft.name} is write-only: {tensor.describe()} was packed into AMX tiles "
-                             "and is no longer in ggml's layout; read the weights from their source instead")
-
-    def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
-        """Fill raw bytes (as ggml's AMX buffer's memset_tensor)."""
-        size = tensor.nbytes - offset if size is None else size
-        start = tensor.data_offset + offset
-        if offset < 0 or size < 0 or start + size > self.size:
-            raise GGXShapeError(f"{self.buft.name}: memset of bytes {offset}..{offset + size} of "
-                                f"{tensor.describe()} is outside the {self.size}-byte buffer")
-        self.packed_bytes()[start: start + size] = value
-
-    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        """Declines: a weight gets here only through set_tensor, which packs it."""
-        return False
-
-    def clear(self, value: int = 0) -> None:
-        self.packed_bytes()[:] = value
+            raise GGXUnsupported(f"{self.buft.name}: {why}; keep it in the plain CPU buffer")
+        return pack(tensor.type, data, tensor.ne)
 
 
 class AmxBufferType(ExtraBufferType):

@@ -24,9 +24,9 @@ import weakref
 
 import numpy as np
 
-from ggx.backend import Buffer, BufferType, BufferUsage, Device, ExtraBufferType, Launch
-from ggx.errors import GGXOutOfMemory, GGXShapeError, GGXUnsupported
-from ggx.host import alloc_host_memory, tensor_array
+from ggx.backend import BufferType, Device, ExtraBufferType, Launch
+from ggx.errors import GGXOutOfMemory, GGXUnsupported
+from ggx.host import TransformedBuffer, tensor_array
 from ggx.ops import Op
 from ggx.tensor import Tensor
 from ggx.types import GType
@@ -42,68 +42,22 @@ def _isa() -> str:
     return select()
 
 
-class RepackBuffer(Buffer):
+class RepackBuffer(TransformedBuffer):
     """Host memory holding repacked weights; write-only (see the module docstring)."""
 
-    def __init__(self, buft: RepackBufferType, size: int, usage: BufferUsage = BufferUsage.WEIGHTS):
-        super().__init__(buft, size, usage)
-        self._memory: np.ndarray | None = alloc_host_memory(buft, size)
-
-    def packed_bytes(self) -> np.ndarray:
-        """The buffer's bytes, weights in their repacked layouts (what this plugin's kernels read)."""
-        memory = self._memory
-        if memory is None:
-            raise GGXUnsupported(f"{NAME}: this {self.size}-byte buffer was freed")
-        return memory
-
-    def free(self) -> None:
-        self._memory = None
-        super().free()
+    transformed = "repacked"
 
     def init_tensor(self, tensor: Tensor) -> None:
         if tensor.view_src is None:
             tensor.extra = self.buft.layout_for(tensor)
 
-    def set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
-        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-        if offset != 0 or data.size != tensor.nbytes:
-            raise GGXUnsupported(f"{NAME}: {tensor.describe()} must be set whole (offset 0, {tensor.nbytes} "
-                                 f"bytes); got offset {offset}, {data.size} bytes")
-        if tensor.view_src is not None or not tensor.is_contiguous():
-            raise GGXUnsupported(f"{NAME}: {tensor.describe()} is a view or not contiguous; only whole "
-                                 "contiguous weights are repacked")
+    def transform(self, tensor: Tensor, data: np.ndarray) -> np.ndarray:
         lay = self.buft.layout_for(tensor)
         if lay is None:
             raise GGXUnsupported(f"{NAME}: {tensor.describe()} has no repacked layout on this CPU "
                                  f"(ISA {_isa()}); keep it in the plain CPU buffer")
-        memory = self.packed_bytes()
-        packed = repack(lay, data, tensor.ne)
-        start = tensor.data_offset
-        if start + packed.size > self.size:
-            raise GGXShapeError(f"{NAME}: {tensor.describe()} needs bytes {start}..{start + packed.size} of a "
-                                f"{self.size}-byte buffer (allocate get_alloc_size bytes)")
-        memory[start: start + packed.size] = packed
         tensor.extra = lay
-
-    def get_tensor(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
-        raise GGXUnsupported(f"{NAME} is write-only: {tensor.describe()} was repacked and is no longer in "
-                             "ggml's layout; read the weights from their source instead")
-
-    def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
-        """Fill raw bytes (as ggml's repack buffer, which keeps the CPU buffer's memset)."""
-        size = tensor.nbytes - offset if size is None else size
-        start = tensor.data_offset + offset
-        if offset < 0 or size < 0 or start + size > self.size:
-            raise GGXShapeError(f"{NAME}: memset of bytes {offset}..{offset + size} of {tensor.describe()} "
-                                f"is outside the {self.size}-byte buffer")
-        self.packed_bytes()[start: start + size] = value
-
-    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        """Declines: a weight gets here only through set_tensor, which repacks it."""
-        return False
-
-    def clear(self, value: int = 0) -> None:
-        self.packed_bytes()[:] = value
+        return repack(lay, data, tensor.ne)
 
 
 class RepackBufferType(ExtraBufferType):
