@@ -119,3 +119,17 @@ def test_value_head_size_differs_from_key_head_size(cpu, T, kv_type):
     got = ggx.compute(out, inputs, device=cpu)[0]
     ref = ggx.compute(out, inputs, device="ref")[0]
     assert got.shape == ref.shape and nmse(got, ref) < 1e-6
+
+
+def test_a_nan_in_the_mask_is_not_masked(cpu):
+    """ggml's one_chunk skips a key only where slope * mask is -inf: a row whose mask is -inf but
+    for one NaN attends to that key and comes out NaN, not 0; a fully -inf row gives 0. (The tiled
+    kernel's tile maximum lets a later -inf win over a NaN, as ggml's sequential MAX does.)"""
+    out, inputs = _attention(64, 64, 2, 2, 3, 100)
+    mask_leaf = next(t for t in inputs if t.ne == (100, 3, 1, 1))
+    mask = np.zeros((3, 100))
+    mask[0, :], mask[0, 70] = -np.inf, np.nan
+    mask[2, :] = -np.inf
+    inputs[mask_leaf] = mask
+    got = ggx.compute(out, inputs, device=cpu)[0]  # numpy order [T, H, Dv]
+    assert np.isnan(got[0]).all() and np.isfinite(got[1]).all() and not got[2].any()

@@ -9,6 +9,7 @@ from numba import njit
 from ggx_cpu.isa import vmath
 from ggx_cpu.isa.simd import load_f32x8, store_f32x8
 from ggx_cpu.isa.vmath import (
+    all_neg_inf_half8,
     dot,
     exp_chunk,
     expf,
@@ -262,3 +263,17 @@ def test_inline_expf_has_libms_bits():
     got, libm = np.empty_like(x), np.empty_like(x)
     _expf_both(x, got, libm)
     assert np.array_equal(got, libm, equal_nan=True)
+
+
+@njit(cache=True)
+def _all_neg_inf(h, off):
+    return all_neg_inf_half8(h, off)
+
+
+def test_all_neg_inf_half8_compares_bits():
+    h = np.full(16, -np.inf, np.float16).view(np.uint16)
+    assert _all_neg_inf(h, 0) and _all_neg_inf(h, 5)
+    for value in (np.nan, -65504.0, np.inf, 0.0):
+        g = h.copy()
+        g[7] = np.float16(value).view(np.uint16)
+        assert not _all_neg_inf(g, 0) and _all_neg_inf(g, 8)

@@ -490,3 +490,21 @@ def expf(x):
     s = _bitcast(_EXP2F_TAB[ki % np.uint64(_EXP2F_N)] + (ki << np.uint64(47)), np.float64)
     y = _fmuladd_f64(_fmuladd_f64(_EXPF_C0, r, _EXPF_C1), r * r, _fmuladd_f64(_EXPF_C2, r, 1.0))
     return np.float32(y * s)
+
+
+@intrinsic
+def all_neg_inf_half8(typingctx, arr, off):
+    """Whether the 8 IEEE halves (uint16 bits) from element `off` are all -inf (bits 0xFC00):
+    the bits compared, so a NaN is not -inf."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.uint16 and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i16x8 = ir.VectorType(ir.IntType(16), 8)
+        v = builder.load(builder.bitcast(elem_ptr(context, builder, sig.args[0], args[0], args[1]),
+                                         i16x8.as_pointer()), align=2)
+        eq = builder.icmp_unsigned("==", v, ir.Constant(i16x8, [ir.Constant(ir.IntType(16), 0xFC00)] * 8))
+        fn = declare(builder, "llvm.vector.reduce.and.v8i1", ir.IntType(1), [eq.type])
+        return builder.call(fn, [eq])
+
+    return types.boolean(arr, types.intp), codegen

@@ -57,6 +57,7 @@ from ..isa.simd import (
 )
 from ..isa.vmath import (
     FloatSimd,
+    all_neg_inf_half8,
     dot,
     exp_chunk,
     expf,
@@ -164,17 +165,15 @@ def _convert(y, yo, x, xo, n):
 
 @njit(cache=True, inline="always")
 def _tile_masked(m, mrow, r0, r1, ic, nk):
-    """Whether mask rows mrow[r0..r1) are -inf over slots ic..ic+nk-1 (the largest value of each
-    row, 8 slots at a time; a NaN counts as not masked)."""
+    """Whether mask rows mrow[r0..r1) are -inf over slots ic..ic+nk-1 (F16 bits compared, 8
+    slots at a time: a NaN is not -inf, as in ggml's test)."""
     for r in range(r0, r1):
         mb = mrow[r] + ic
         j = 0
-        top = splat_f32x8(np.float32(-np.inf))
         while j + 8 <= nk:
-            top = max_f32x8(load_half_f32x8(m, mb + j), top)
+            if not all_neg_inf_half8(m, mb + j):
+                return False
             j += 8
-        if hmax_f32x8(top) != -np.inf:
-            return False
         for j2 in range(j, nk):
             if m[mb + j2] != _NEG_INF_F16:
                 return False
