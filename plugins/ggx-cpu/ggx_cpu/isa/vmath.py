@@ -1,29 +1,32 @@
 """Vector float math for the F32 kernels as ggml's CPU backend computes it: its vectorized expf
-and SiLU, the chunking of its row loops, and the float vector helpers softmax and flash
-attention need (max, F16 rows in and out).
+and SiLU over its row chunks, its vec_dot order, libm's expf inline, and the float vector
+helpers softmax and flash attention need (max, F16 rows in and out, F16 rounding).
 
 ggml compiles one float SIMD form per build, so its results depend on the instruction set:
 `FloatSimd` is the compile-time token of that choice (`float_simd(ISA variant)`): the AVX-512
 form (16 lanes, avx512_vnni) or the AVX2 form (8 lanes, avx2 and portable, whose kernels are
-the same compiled code). Kernels written with it reproduce ggml's code path of the variant:
-vector chunks of `lanes(fs)` values, ggml's sum grouping within a chunk, libm expf on the
-tail (where ggml falls back to scalar code).
+the same compiled code); it also carries the form's GEMM tile (`ggx_cpu.isa.fgemm`). Kernels
+written with it reproduce ggml's code path of the variant: vector chunks of `lanes(fs)` values
+(`exp_chunk`, `silu_chunk`, `swiglu_chunk`: ggml_vec_soft_max_f32's, ggml_vec_silu_f32's and
+ggml_vec_swiglu_f32's steps), ggml's sum grouping within a chunk, ggml_vec_dot_f16 / _f32's
+accumulators and reduction (`dot`), and libm's expf where ggml falls back to scalar code
+(`expf`: glibc's algorithm inline, the same bits as the call).
 
-`exp_f32x8(fs, x)` is ggml's `ggml_v_expf` (vec.h, "adapted from arm limited optimized
-routine"): n = round(x * log2(e)) by the 1.5 * 2^23 shift, b = x - n * ln2 in two parts
-(Cody-Waite), a degree-5 polynomial, and the scaling by 2^n built in the exponent bits. The
-AVX2 form takes j = exp(b) - 1 and returns k + k j (k = 2^n); the AVX-512 form takes j = exp(b)
-and returns j * 2^n (vscalefps: exact unless the result is subnormal, rounded once). Where
-|n| > 126 the scaling is split in two factors so that subnormal results come out as expf gives
-them, and |n| > 192 gives +inf (x > 0) or 0. So exp(-inf) = 0, exp(+inf) = +inf, NaN stays
-NaN, x above ~88.72 overflows to inf, results underflow to 0 below ~-103.97, as expf; the error
-is below 1.45 ulp + 0.5 ulp (ggml's figure). As in ggml's AVX2 form, the split scaling is
-computed only when some lane needs it (a branch on any lane).
+The vector exp is ggml's `ggml_v_expf` (vec.h, "adapted from arm limited optimized routine"):
+n = round(x * log2(e)) by the 1.5 * 2^23 shift, b = x - n * ln2 in two parts (Cody-Waite), a
+degree-5 polynomial, and the scaling by 2^n built in the exponent bits. The AVX2 form takes
+j = exp(b) - 1 and returns k + k j (k = 2^n); the AVX-512 form takes j = exp(b) and returns
+j * 2^n (vscalefps: exact unless the result is subnormal, rounded once). Where |n| > 126 the
+scaling is split in two factors so that subnormal results come out as expf gives them, and
+|n| > 192 gives +inf (x > 0) or 0. So exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN, x above
+~88.72 overflows to inf, results underflow to 0 below ~-103.97, as expf; the error is within
+~2 ulp (ggml quotes 1.45 ulp + 0.5 for its AVX2 form). As in ggml's AVX2 form, the split
+scaling is computed only when some lane needs it (a branch on any lane).
 
 Everything is target-independent LLVM IR (products with additions are `llvm.fmuladd`: one FMA
 where the target has one, a multiply and an add where it has not), so each form runs on any
-host; the vector width of the IR is always 8 (an AVX-512 chunk of 16 is two vectors, whose
-sum is (lo + hi) then halves, as _mm512_reduce_add_ps).
+host. A chunk's vector is `lanes(fs)` wide in the IR (16 lanes are two ymm or one zmm, as the
+target has them); the helpers on `F32x8` serve the rest.
 """
 from __future__ import annotations
 
