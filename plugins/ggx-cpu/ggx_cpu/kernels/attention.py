@@ -241,42 +241,97 @@ def _tile_softmax(fs, geo, sb, ob, mx, sm, tm):
 
 
 @njit(cache=True, inline="always")
-def _key_updates(fs, geo, params, acc_f16, qb, sb, live, ob, vt, mx, sm, rs, mrow, k, kb0, kstride, m, has_mask,
+def _round_if(x, half):
+    return round_half_f32x8(x) if half else x
+
+
+@njit(cache=True, inline="always")
+def _value_block(ob, oo, v, vb, vstride, wt, live, lo, nk, half):
+    """ggml's updates of 64 accumulator values ob[oo:oo+64] over keys 0..nk, held in eight
+    registers across the keys: for a live key j, wt[j] >= 0 first rescales them by wt[j] (the
+    maximum grew), then they gain wt[KV_TILE + j] times the value row (v from element vb + j *
+    vstride); an F16 accumulator is rounded after each of those steps, as ggml stores it."""
+    a0, a1 = load_f32x8(ob, oo), load_f32x8(ob, oo + 8)
+    a2, a3 = load_f32x8(ob, oo + 16), load_f32x8(ob, oo + 24)
+    a4, a5 = load_f32x8(ob, oo + 32), load_f32x8(ob, oo + 40)
+    a6, a7 = load_f32x8(ob, oo + 48), load_f32x8(ob, oo + 56)
+    for j in range(nk):
+        if not live[lo + j]:
+            continue
+        if wt[j] >= 0:
+            c = splat_f32x8(wt[j])
+            a0, a1 = _round_if(mul_f32x8(a0, c), half), _round_if(mul_f32x8(a1, c), half)
+            a2, a3 = _round_if(mul_f32x8(a2, c), half), _round_if(mul_f32x8(a3, c), half)
+            a4, a5 = _round_if(mul_f32x8(a4, c), half), _round_if(mul_f32x8(a5, c), half)
+            a6, a7 = _round_if(mul_f32x8(a6, c), half), _round_if(mul_f32x8(a7, c), half)
+        c = splat_f32x8(wt[KV_TILE + j])
+        x = vb + j * vstride
+        a0 = _round_if(fma_f32x8(a0, load_as_f32x8(v, x), c), half)
+        a1 = _round_if(fma_f32x8(a1, load_as_f32x8(v, x + 8), c), half)
+        a2 = _round_if(fma_f32x8(a2, load_as_f32x8(v, x + 16), c), half)
+        a3 = _round_if(fma_f32x8(a3, load_as_f32x8(v, x + 24), c), half)
+        a4 = _round_if(fma_f32x8(a4, load_as_f32x8(v, x + 32), c), half)
+        a5 = _round_if(fma_f32x8(a5, load_as_f32x8(v, x + 40), c), half)
+        a6 = _round_if(fma_f32x8(a6, load_as_f32x8(v, x + 48), c), half)
+        a7 = _round_if(fma_f32x8(a7, load_as_f32x8(v, x + 56), c), half)
+    store_f32x8(ob, oo, a0)
+    store_f32x8(ob, oo + 8, a1)
+    store_f32x8(ob, oo + 16, a2)
+    store_f32x8(ob, oo + 24, a3)
+    store_f32x8(ob, oo + 32, a4)
+    store_f32x8(ob, oo + 40, a5)
+    store_f32x8(ob, oo + 48, a6)
+    store_f32x8(ob, oo + 56, a7)
+
+
+@njit(cache=True, inline="always")
+def _key_updates(fs, geo, params, acc_f16, qb, sb, live, ob, wt, mx, sm, rs, mrow, k, kb0, kstride, m, has_mask,
                  v, vb0, vstride, ic, nk):
     """ggml's one_chunk over the nk slots from ic. A key whose mask is -inf is skipped; the others
     score s = (q . k, ggml's vec_dot) * scale (softcap * tanh), + slope * mask, all of a row's
-    first (no dependence between them); then key by key, a larger s rescales the accumulator by
-    exp(M_old - s), any other adds exp(s - M) times the value row (converted once into vt for all
-    rows); an F16 accumulator is rounded after each update."""
+    first (no dependence between them). Then each row's updates, key by key as ggml's: a larger s
+    rescales the accumulator by exp(M_old - s), any other adds exp(s - M) times the value row,
+    and an F16 accumulator is rounded after each update. The scalar recurrence (M, S and each
+    key's two factors, into wt) runs first; the accumulator then stays in registers across the
+    keys, 64 values at a time (the vector chains of one key do not wait on each other)."""
     D, Dv, rows = geo[0], geo[1], geo[5] * geo[6]
     scale, softcap = params
     for r in range(rows):
         if mrow[r] < 0:
             continue
+        lo = r * KV_TILE
         for j in range(nk):
             mv = rs[r] * f16_to_f32(m[mrow[r] + ic + j]) if has_mask else np.float32(0.0)
-            live[r * KV_TILE + j] = mv != -np.inf
+            live[lo + j] = mv != -np.inf
             if mv != -np.inf:
                 s = dot(fs, qb, r * D, k, kb0 + (ic + j) * kstride, D) * scale
                 if softcap != 0:
                     s = softcap * np.float32(math.tanh(s))
-                sb[r * KV_TILE + j] = s + mv
-    for j in range(nk):
-        _convert(vt, 0, v, vb0 + (ic + j) * vstride, Dv)
-        for r in range(rows):
-            if mrow[r] < 0 or not live[r * KV_TILE + j]:
+                sb[lo + j] = s + mv
+        for j in range(nk):
+            if not live[lo + j]:
                 continue
-            s = sb[r * KV_TILE + j]
+            s = sb[lo + j]
             ms_ = np.float32(1.0)
             vs = np.float32(1.0)
+            wt[j] = np.float32(-1.0)  # no rescale
             if s > mx[r]:
                 ms_ = expf(mx[r] - s)
                 mx[r] = s
-                _scale_to(ob, r * Dv, ob, r * Dv, Dv, ms_, acc_f16)
+                wt[j] = ms_
             else:
                 vs = expf(s - mx[r])
-            _mad(ob, r * Dv, vt, 0, Dv, vs, acc_f16)
+            wt[KV_TILE + j] = vs
             sm[r] = fmuladd_f32(sm[r], ms_, vs)
+        i = 0
+        while i + 64 <= Dv:
+            _value_block(ob, r * Dv + i, v, vb0 + ic * vstride + i, vstride, wt, live, lo, nk, acc_f16)
+            i += 64
+        for j in range(nk):  # the last Dv % 64 values, key by key
+            if live[lo + j]:
+                if wt[j] >= 0:
+                    _scale_to(ob, r * Dv + i, ob, r * Dv + i, Dv - i, wt[j], acc_f16)
+                _mad(ob, r * Dv + i, v, vb0 + (ic + j) * vstride + i, Dv - i, wt[KV_TILE + j], acc_f16)
 
 
 # --- one task ---------------------------------------------------------------------------------------
@@ -335,7 +390,7 @@ def _task(fs, task, geo, params, flags, slopes, tens, part, qb, kt, vt, sb, live
             if masked:
                 continue
         if exact:
-            _key_updates(fs, geo, params, acc_f16, qb, sb, live, ob, vt, mx, sm, rs, mrow, k, kb0, ks[1], m, has_mask,
+            _key_updates(fs, geo, params, acc_f16, qb, sb, live, ob, kt, mx, sm, rs, mrow, k, kb0, ks[1], m, has_mask,
                          v, vb0, vs_[1], ic, nk)
             continue
         _pack_k(kt, k, kb0 + ic * ks[1], ks[1], D, nk)
@@ -397,9 +452,10 @@ def _merge_partials(geo, part, d, do, ds):
 
 @njit(cache=True)
 def scratch_floats(D: int, Dv: int, rp: int) -> int:
-    """float32 scratch of one worker (Q rows, K tile, V tile, scores, outputs, 4 values per row),
-    rounded up to whole 64-byte lines so that two workers never write one line."""
-    return -(-(rp * (D + KV_TILE + Dv + 4) + KV_TILE * (D + Dv)) // 16) * 16
+    """float32 scratch of one worker (Q rows, K tile or one_chunk's two factors per key, V tile,
+    scores, outputs, 4 values per row), rounded up to whole 64-byte lines so that two workers
+    never write one line."""
+    return -(-(rp * (D + KV_TILE + Dv + 4) + KV_TILE * (max(D, 2) + Dv)) // 16) * 16
 
 
 @njit(cache=True)
@@ -417,7 +473,7 @@ def _worker(fs, w, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, par
     tens = (q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds)
     f = sf[w * scratch_floats(D, Dv, rp): (w + 1) * scratch_floats(D, Dv, rp)]
     qb, f = f[: rp * D], f[rp * D:]
-    kt, f = f[: D * KV_TILE], f[D * KV_TILE:]
+    kt, f = f[: max(D, 2) * KV_TILE], f[max(D, 2) * KV_TILE:]
     vt, f = f[: KV_TILE * Dv], f[KV_TILE * Dv:]
     sb, f = f[: rp * KV_TILE], f[rp * KV_TILE:]
     ob, f = f[: rp * Dv], f[rp * Dv:]

@@ -188,12 +188,18 @@ def launch(kernel, *args, n_threads: int = 1) -> Launch:
     kernel sets numba's thread count to n_threads first (~0.3 us).
     """
     sig = tuple(map(_typeof, args))
-    cres = kernel.overloads.get(sig)
-    if cres is not None:
-        entry = cres.entry_point
-    else:  # compiled now, or loaded from numba's disk cache: one-off time the CLI shows and leaves out
-        with progress.compiling(f"CPU kernels for {isa.active()}"):
-            entry = kernel.compile(sig)
+    key = (id(kernel), *map(id, sig))
+    known = _ENTRIES.get(key)
+    if known is not None:
+        entry = known[2]
+    else:
+        cres = kernel.overloads.get(sig)
+        if cres is not None:
+            entry = cres.entry_point
+        else:  # compiled now, or loaded from numba's disk cache: one-off time the CLI shows and leaves out
+            with progress.compiling(f"CPU kernels for {isa.active()}"):
+                entry = kernel.compile(sig)
+        _ENTRIES[key] = (kernel, sig, entry)
     if kernel.targetoptions.get("parallel"):
         n = max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
         _numba_parallel._launch_threads()  # once per process: starts the pool, defines _set_num_threads
@@ -202,6 +208,11 @@ def launch(kernel, *args, n_threads: int = 1) -> Launch:
 
 
 _TYPES_BY_FINGERPRINT: dict[bytes, object] = {}
+#: (kernel id, ids of the argument types) -> (kernel, types, entry point). numba's types are
+#: interned, so their ids name them; hashing the types themselves (as `overloads` does) costs
+#: ~1.5 us a launch, a fifth of binding a new graph. The value holds the kernel and the types,
+#: so no id is reused while its key is here.
+_ENTRIES: dict[tuple, tuple] = {}
 
 
 def _typeof(value):
