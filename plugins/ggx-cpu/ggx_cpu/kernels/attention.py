@@ -308,6 +308,7 @@ def _key_updates(fs, geo, params, acc_f16, qb, sb, live, ob, wt, mx, sm, rs, mro
                 if softcap != 0:
                     s = softcap * np.float32(math.tanh(s))
                 sb[lo + j] = s + mv
+        m_r, s_r = mx[r], sm[r]  # in registers: the scratch arrays may alias, so LLVM keeps them in memory
         for j in range(nk):
             if not live[lo + j]:
                 continue
@@ -315,14 +316,15 @@ def _key_updates(fs, geo, params, acc_f16, qb, sb, live, ob, wt, mx, sm, rs, mro
             ms_ = np.float32(1.0)
             vs = np.float32(1.0)
             wt[j] = np.float32(-1.0)  # no rescale
-            if s > mx[r]:
-                ms_ = expf(mx[r] - s)
-                mx[r] = s
+            if s > m_r:
+                ms_ = expf(m_r - s)
+                m_r = s
                 wt[j] = ms_
             else:
-                vs = expf(s - mx[r])
+                vs = expf(s - m_r)
             wt[KV_TILE + j] = vs
-            sm[r] = fmuladd_f32(sm[r], ms_, vs)
+            s_r = fmuladd_f32(s_r, ms_, vs)
+        mx[r], sm[r] = m_r, s_r
         i = 0
         while i + 64 <= Dv:
             _value_block(ob, r * Dv + i, v, vb0 + ic * vstride + i, vstride, wt, live, lo, nk, acc_f16)
