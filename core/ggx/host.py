@@ -44,24 +44,15 @@ def host_memory() -> tuple[int, int]:
         return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
-class HostBuffer(Buffer):
-    """Host memory in ggml layout: one aligned uint8 array, `host_view()`.
+class _OwnedHostMemory(Buffer):
+    """A buffer over one uint8 array of host memory that `free` lets go of."""
 
-    `memory` wraps an existing uint8 array of `size` bytes instead of allocating (no copy:
-    writes to the buffer are writes to that array).
-    """
-
-    def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.ANY, *,
-                 memory: np.ndarray | None = None):
+    def __init__(self, buft: BufferType, size: int, usage: BufferUsage, memory: np.ndarray):
         super().__init__(buft, size, usage)
-        if memory is None:
-            memory = alloc_host_memory(buft, size)
-        elif memory.dtype != np.uint8 or memory.ndim != 1 or memory.size != size:
-            raise GGXShapeError(f"{buft.name}: a host buffer of {size} bytes wraps a 1-D uint8 array of as many "
-                                f"bytes, not {memory.dtype}{list(memory.shape)}")
         self._memory: np.ndarray | None = memory
 
-    def host_view(self) -> np.ndarray:
+    def _bytes(self) -> np.ndarray:
+        """The array; GGXUnsupported once the buffer was freed."""
         memory = self._memory
         if memory is None:
             raise GGXUnsupported(f"{self.buft.name}: this {self.size}-byte buffer was freed")
@@ -70,6 +61,26 @@ class HostBuffer(Buffer):
     def free(self) -> None:
         self._memory = None  # views handed out keep their memory alive; nothing new is handed out
         super().free()
+
+
+class HostBuffer(_OwnedHostMemory):
+    """Host memory in ggml layout: one aligned uint8 array, `host_view()`.
+
+    `memory` wraps an existing uint8 array of `size` bytes instead of allocating (no copy:
+    writes to the buffer are writes to that array).
+    """
+
+    def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.ANY, *,
+                 memory: np.ndarray | None = None):
+        if memory is None:
+            memory = alloc_host_memory(buft, size)
+        elif memory.dtype != np.uint8 or memory.ndim != 1 or memory.size != size:
+            raise GGXShapeError(f"{buft.name}: a host buffer of {size} bytes wraps a 1-D uint8 array of as many "
+                                f"bytes, not {memory.dtype}{list(memory.shape)}")
+        super().__init__(buft, size, usage, memory)
+
+    def host_view(self) -> np.ndarray:
+        return self._bytes()
 
     def _span(self, tensor: Tensor, offset: int, size: int) -> tuple[int, int]:
         if offset < 0 or size < 0 or offset + size > tensor.nbytes:
@@ -110,7 +121,7 @@ class HostBuffer(Buffer):
         self.host_view()[:] = value
 
 
-class TransformedBuffer(Buffer):
+class TransformedBuffer(_OwnedHostMemory):
     """Host memory holding whole weights in a layout of its buffer type's own (ggml's repack and
     AMX buffers): a transforming extra buffer type's kernels read it through `packed_bytes()`.
 
@@ -124,8 +135,7 @@ class TransformedBuffer(Buffer):
     transformed = "transformed"
 
     def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.WEIGHTS):
-        super().__init__(buft, size, usage)
-        self._memory: np.ndarray | None = alloc_host_memory(buft, size)
+        super().__init__(buft, size, usage, alloc_host_memory(buft, size))
 
     def transform(self, tensor: Tensor, data: np.ndarray) -> np.ndarray:
         """The bytes `tensor` is stored as, from its ggml bytes `data` (uint8); GGXUnsupported
@@ -134,14 +144,7 @@ class TransformedBuffer(Buffer):
 
     def packed_bytes(self) -> np.ndarray:
         """The buffer's bytes, weights as `transform` left them (what the kernels read)."""
-        memory = self._memory
-        if memory is None:
-            raise GGXUnsupported(f"{self.buft.name}: this {self.size}-byte buffer was freed")
-        return memory
-
-    def free(self) -> None:
-        self._memory = None
-        super().free()
+        return self._bytes()
 
     def set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int = 0) -> None:
         name = self.buft.name
