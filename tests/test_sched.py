@@ -86,6 +86,60 @@ def test_plan_is_reused_for_the_same_graph_and_for_a_rebuilt_one():
     del rng
 
 
+def test_graphs_taking_turns_keep_their_plans():
+    """A prompt's graph, decode's, the prompt's again: each is planned once; switching to a kept
+    plan waits for the backends (the other graph's work may still use the compute memory) and
+    re-places its tensors, so the results do not change."""
+    dev = TestDevice(ops={Op.MUL_MAT, Op.ADD})
+    sched = Scheduler([dev.init_backend(), REF.init_backend()])
+    graphs = []
+    for n_tokens in (4, 8):
+        graph, weights, inputs = llama_like(n_layer=1, n_tokens=n_tokens)
+        alloc_weights(dev.buffer_type(), weights, np.random.default_rng(n_tokens))
+        graphs.append((graph, llama_inputs(inputs, np.random.default_rng(n_tokens + 1))))
+    first = [run(sched, g, v)[0] for g, v in graphs]
+    assert sched.stats.n_plans == 2
+    for _ in range(2):
+        for (g, v), expected in zip(graphs, first):
+            waits = sched.stats.n_realloc_waits
+            np.testing.assert_array_equal(run(sched, g, v)[0], expected)
+            assert sched.stats.plan_reused and sched.stats.n_realloc_waits == waits + 1
+    assert sched.stats.n_plans == 2
+    sched.free()
+    np.testing.assert_array_equal(run(sched, *graphs[0])[0], first[0])
+    assert sched.stats.n_plans == 3  # free() forgets the kept plans
+
+
+def test_graph_prepare_hands_each_backend_the_split_graphs_it_will_compute():
+    """graph_prepare plans, places and asks every split's backend to get ready, computing
+    nothing; graph_compute then computes those very split graphs with no new plan."""
+    dev = TestDevice(ops={Op.MUL_MAT, Op.ADD})
+    backends = [dev.init_backend(), REF.init_backend()]
+    prepared, computed = [], []
+    for be in backends:
+        be.graph_prepare = prepared.append
+        compute = be.graph_compute
+        be.graph_compute = lambda g, compute=compute: (computed.append(g), compute(g))
+    sched = Scheduler(backends)
+    graph, weights, inputs = llama_like(n_layer=1)
+    alloc_weights(dev.buffer_type(), weights, np.random.default_rng(1))
+    sched.graph_prepare(graph)
+    assert not computed and len(prepared) == len(sched.splits) > 1
+    assert sched.stats.n_plans == 1
+    expected = run(Scheduler([REF.init_backend()]), *_on_ref(weights, inputs))
+    got = run(sched, graph, llama_inputs(inputs, np.random.default_rng(2)))
+    assert sched.stats.n_plans == 1 and sched.stats.plan_reused
+    assert [id(g) for g in computed] == [id(g) for g in prepared]
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+def _on_ref(weights, inputs):
+    """The same llama_like graph with the same weights (seed 1) and inputs (seed 2), on ref."""
+    graph, ref_weights, ref_inputs = llama_like(n_layer=1)
+    alloc_weights(REF.buffer_type(), ref_weights, np.random.default_rng(1))
+    return graph, llama_inputs(ref_inputs, np.random.default_rng(2))
+
+
 def test_n_copies_2_gives_the_same_results_as_1():
     dev1, dev2 = TestDevice(ops={Op.MUL_MAT, Op.ADD}), TestDevice(ops={Op.MUL_MAT, Op.ADD})
     graph, weights, inputs = llama_like(n_layer=2)

@@ -295,6 +295,12 @@ class Backend(ABC):
         compute the same nodes' results (default: unchanged)."""
         return graph
 
+    def graph_prepare(self, graph: Graph) -> None:
+        """Do now what the first `graph_compute(graph)` would do before its first kernel (validate
+        the nodes, bind the kernels), computing nothing, so that computing it later starts at once:
+        the scheduler calls it for graphs placed ahead of time (a model's prompt buckets, at load).
+        Default: nothing (a backend that binds nothing ahead)."""
+
     def graph_profile(self, graph: Graph) -> list[tuple[Tensor, float]]:
         """Compute `graph` and return (node, seconds) for each node that ran: the per-node timing
         hook (`ggx bench --profile`). Default: one node at a time, synchronizing after each."""

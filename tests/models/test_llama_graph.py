@@ -100,6 +100,26 @@ def test_decode_reuses_the_scheduler_plan(tiny_model):
     assert sched.stats.n_plans == plans
 
 
+def test_prompt_buckets_are_ready_after_load(tiny_llama):
+    """Loading builds and plans every prompt bucket up to PREPARED_PROMPT_TOKENS on an empty
+    cache, so a first prompt of any such length builds and plans nothing; a longer one does."""
+    from ggx.models.model import PREPARED_PROMPT_TOKENS, prompt_bucket
+
+    m = load_model(tiny_llama, devices=["ref"], n_ctx=PREPARED_PROMPT_TOKENS + 64)
+    sched, timings = m.runner.sched, m.runner.timings
+    plans, built = sched.stats.n_plans, timings["build graph"]
+    rng = np.random.default_rng(0)
+    for n in sorted({prompt_bucket(n) for n in range(2, PREPARED_PROMPT_TOKENS + 1)}):
+        m.reset()
+        m.eval(rng.integers(0, m.n_vocab, n - 1))
+    assert sched.stats.n_plans == plans and timings["build graph"] == built
+    m.reset()
+    m.eval(rng.integers(0, m.n_vocab, PREPARED_PROMPT_TOKENS + 1))
+    assert sched.stats.n_plans == plans + 1 and timings["build graph"] > built
+    unprepared = load_model(tiny_llama, devices=["ref"], warmup=False)
+    assert unprepared.runner.sched.stats.n_plans == 0
+
+
 def test_untied_output(tmp_path):
     p = write_tiny_llama(tmp_path / "untied.gguf", tied=False, wtype="Q8_0", seed=3)
     m = load_model(p, devices=["ref"])

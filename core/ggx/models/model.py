@@ -19,6 +19,7 @@ from .architectures import read_hparams
 from .blocks import BatchShape, ModelInputs
 from .catalog import resolve_model
 from .chat import detect_chat_format
+from .gc_pause import gc_paused
 from .gguf_file import GGUFFile
 from .kv_cache import KVCache
 from .runner import Runner
@@ -29,7 +30,9 @@ from .weights import load_weights, split_bufts
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
 #: graphs a Model keeps, by batch shape (decode keeps one per KV bucket; prompts one per length bucket)
-KEPT_GRAPHS = 16
+KEPT_GRAPHS = 32
+#: prompt buckets up to this many tokens are built, planned and bound at load (`Model.warmup`)
+PREPARED_PROMPT_TOKENS = 128
 
 
 def prompt_bucket(n_tokens: int) -> int:
@@ -152,11 +155,18 @@ class Model:
         self.stats = Stats(load_s=time.perf_counter() - t0)
 
     def warmup(self) -> None:
-        """Evaluate a throwaway short prompt and one decode step, then forget them: the kernels
-        are loaded (or compiled) and the graphs of the first prompt bucket and of decode are built,
-        planned and bound at load time, so the first real prompt starts at once (`warmup=True`)."""
-        with self._lock:
+        """Get the first prompts ready at load time (`warmup=True`): size the compute buffers for
+        the largest batch (llama.cpp's worst-case reserve), build, plan and bind the graph of every
+        prompt bucket up to PREPARED_PROMPT_TOKENS tokens on an empty cache (computing nothing),
+        then evaluate a throwaway short prompt and one decode step and forget them: the kernels
+        are loaded (or compiled) and decode's graph is ready too. A first prompt of any length up
+        to PREPARED_PROMPT_TOKENS then costs its arithmetic only."""
+        with self._lock, gc_paused():
             self.cache.clear()
+            self.runner.reserve(self._build(self._worst_case())[0])
+            for n in self._prepared_buckets():
+                planned = self.cache.plan(n)
+                self.runner.prepare(self._graph(BatchShape(n, planned.n_kv, 1, planned.n_kv_swa))[0])
             self._eval(np.zeros(min(8, self.n_ctx - 1, self.n_batch) or 1, np.int64))
             if self.cache.n_past < self.n_ctx:
                 self._eval(np.zeros(1, np.int64))
@@ -240,7 +250,8 @@ class Model:
         for start in range(0, ids.size, self.n_batch):
             batch = ids[start: start + self.n_batch]
             last = start + self.n_batch >= ids.size
-            outs.append(self._eval_batch(batch, all_logits or not last, need=all_logits or last))
+            with gc_paused():  # a batch's graph may be built, planned and bound (ggx.models.gc_pause)
+                outs.append(self._eval_batch(batch, all_logits or not last, need=all_logits or last))
         out = [o for o in outs if o is not None]
         return out[0] if len(out) == 1 else np.concatenate(out, axis=0)  # a decode step: no 200 KB copy
     def _eval_batch(self, batch: np.ndarray, all_rows: bool, need: bool = True) -> np.ndarray | None:
@@ -261,6 +272,18 @@ class Model:
             return None
         return result.reshape(n_out, self.n_vocab)[:n_tokens if all_rows else 1].astype(np.float32, copy=False)
 
+    def _worst_case(self) -> BatchShape:
+        """The batch that needs the most compute memory: n_batch tokens, the whole cache visible."""
+        swa = self.cache.swa
+        return BatchShape(min(self.n_batch, self.n_ctx), self.cache.n_kv_for(self.n_ctx), 1,
+                          swa.n_kv_for(self.n_ctx) if swa is not None else 0)
+
+    def _prepared_buckets(self) -> list[int]:
+        """The prompt buckets of 2..PREPARED_PROMPT_TOKENS tokens that `_eval_batch` would run as
+        such on an empty cache (not past n_batch, the context or the sliding-window ring)."""
+        buckets = {prompt_bucket(n) for n in range(2, PREPARED_PROMPT_TOKENS + 1)}
+        return sorted(b for b in buckets if b <= min(self.n_batch, self.n_ctx) and self._fits_ring(b))
+
     def _fits_ring(self, n_tokens: int) -> bool:
         """Whether a batch of n_tokens fits the sliding-window layers' ring (KVCache.plan's rule)."""
         swa = self.cache.swa
@@ -272,14 +295,18 @@ class Model:
         key = (shape, self.flash_attn)
         hit = self._graphs.pop(key, None)
         if hit is None:
-            t0 = time.perf_counter()
-            logits, inp = self.arch.build(Context(), self.hp, self.weights, self.cache, shape, self.flash_attn)
-            hit = (build_graph([logits]), logits, inp)
-            self.runner.timings["build graph"] += time.perf_counter() - t0
+            hit = self._build(shape)
             if len(self._graphs) >= KEPT_GRAPHS:
                 del self._graphs[next(iter(self._graphs))]  # the least recently used
         self._graphs[key] = hit
         return hit
+
+    def _build(self, shape: BatchShape) -> tuple[Graph, Tensor, ModelInputs]:
+        t0 = time.perf_counter()
+        logits, inp = self.arch.build(Context(), self.hp, self.weights, self.cache, shape, self.flash_attn)
+        built = (build_graph([logits]), logits, inp)
+        self.runner.timings["build graph"] += time.perf_counter() - t0
+        return built
 
     # --- generation -----------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.0,

@@ -108,6 +108,20 @@ class Runner:
             set_n_threads(be, n_threads)
         self.n_threads = n_threads
 
+    # --- ahead of time -------------------------------------------------------------------------
+    def reserve(self, graph: Graph) -> None:
+        """Size the compute buffers for `graph` (the largest the model will run), so that graphs
+        prepared after it are not moved by a buffer that grows."""
+        self.sched.reserve(graph)
+        self._last_graph = None
+
+    def prepare(self, graph: Graph) -> None:
+        """Plan, place and bind `graph` now, computing nothing: its first `run` starts at once."""
+        t0 = time.perf_counter()
+        self.sched.graph_prepare(graph)
+        self._last_graph = None
+        self.timings["prepare graphs"] += time.perf_counter() - t0
+
     # --- running ------------------------------------------------------------------------------
     def run(self, graph: Graph, outputs: Sequence[Tensor], data: Mapping[Tensor, np.ndarray]) -> list[np.ndarray]:
         """Compute `graph` with its input leaves set to `data`; `outputs` as numpy (order = ne reversed).

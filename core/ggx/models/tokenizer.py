@@ -33,7 +33,6 @@ are missing is dropped where llama.cpp fails.
 """
 from __future__ import annotations
 
-import gc
 import operator
 import re
 from collections.abc import Mapping, Sequence
@@ -41,6 +40,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import GGXFormatError, GGXUnsupported
+from .gc_pause import gc_paused
 from .gguf_file import GGUFFile
 
 (TOKEN_TYPE_UNDEFINED, TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED,
@@ -198,13 +198,8 @@ class Tokenizer:
             self._byte_value[i] = int(m.group(1), 16)
         index = dict(zip(self.vocab, range(n)))  # a duplicated token keeps its last id, as llama.cpp's map
         # half a million merge tuples would set off the cycle collector again and again (0.3 s)
-        gc_was_on = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             merges = _spm_merges(self.vocab, score, index)
-        finally:
-            if gc_was_on:
-                gc.enable()
         try:
             # llama.cpp looks the "<0xXX>" texts up for bytes of characters that are no token: byte fallback
             bpe = models.BPE(vocab=index, merges=merges, byte_fallback=True, fuse_unk=False)

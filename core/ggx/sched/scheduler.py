@@ -1,11 +1,13 @@
 """The Scheduler: plan (or reuse the plan of) a graph, place it, run it over several backends.
 
 A plan is reused, without re-planning, when a graph with the same `Graph.key` whose
-preallocated leafs live in the same buffer types comes back (a decode loop). Before it
-re-plans, grows a compute buffer or frees one, the scheduler waits for every backend, as
+preallocated leafs live in the same buffer types comes back (a decode loop). The last
+`KEPT_PLANS` plans are kept by key, so graphs that take turns (a prompt's, then decode's, then
+the next prompt's) are not planned again either. Before it re-plans, switches to another kept
+plan, grows a compute buffer or frees one, the scheduler waits for every backend, as
 ggml_backend_sched_alloc_splits does ("the re-allocation may cause the split inputs to be
-moved"): queued work of an earlier graph may still read or write that memory. A reused plan in
-buffers that fit needs no wait.
+moved"): queued work of an earlier graph may still read or write that memory. The plan of the
+last graph, in buffers that fit, needs no wait.
 
 A Scheduler holds the state of the graph it runs (placement, copies, events), so it serves one
 thread at a time: a call entering it while another thread is inside raises GGXStateError instead
@@ -40,6 +42,9 @@ class SplitInfo:
 
 
 _F = TypeVar("_F", bound=Callable)
+
+#: plans a Scheduler keeps by key (a model keeps a graph per prompt bucket and KV bucket)
+KEPT_PLANS = 32
 
 
 def _one_thread(method: _F) -> _F:
@@ -95,6 +100,7 @@ class Scheduler:
         self.stats = SchedStats()
         self._exec = Executor(backends, self.events, self.stats)
         self._plan: SchedPlan | None = None
+        self._plans: dict[tuple, SchedPlan] = {}  # kept plans by key, least recently used first
         self._pos: dict[int, int] | None = None
         self._last_key: tuple[Graph, list[Buffer | None], tuple] | None = None  # (graph, leaf buffers, key)
         self._in_use = threading.Lock()
@@ -105,7 +111,7 @@ class Scheduler:
     def reserve(self, graph: Graph) -> None:
         """Plan `graph` (a worst case) and size the compute buffers, without placing its tensors."""
         self._wait_for_realloc()
-        self._plan = self._make_plan(graph, self._plan_key(graph))
+        self._keep(self._make_plan(graph, self._plan_key(graph)))
         self.alloc.reserve(self._plan.alloc)
 
     @_one_thread
@@ -114,14 +120,20 @@ class Scheduler:
         t0 = time.perf_counter()
         key = self._plan_key(graph)
         plan = self._plan
-        reused = plan is not None and plan.key == key
-        waited = False
-        if not reused:
+        waited = reused = False
+        if plan is None or plan.key != key:
             self._wait_for_realloc()
             waited = True
-            plan = self._plan = self._make_plan(graph, key)
-            self.stats.n_plans += 1
-        elif plan.graph is not graph:
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._make_plan(graph, key)
+                self.stats.n_plans += 1
+            else:
+                reused = True
+            self._keep(plan)
+        else:
+            reused = True
+        if reused and plan.graph is not graph:
             materialize(plan, graph, self.backends, self.events, self.n_copies, planning=False)
             plan.placed = place_list(plan)
             self._pos = None
@@ -133,6 +145,14 @@ class Scheduler:
         self.stats.plan_time_s = time.perf_counter() - t0
         self.stats.plan_reused = reused
 
+    def _keep(self, plan: SchedPlan) -> None:
+        """Make `plan` the current one and the most recently used of the kept plans."""
+        self._plan, self._pos = plan, None
+        self._plans.pop(plan.key, None)
+        if len(self._plans) >= KEPT_PLANS:
+            del self._plans[next(iter(self._plans))]
+        self._plans[plan.key] = plan
+
     @_one_thread
     def free(self) -> None:
         """Release the compute buffers now, after waiting for every backend. The scheduler stays
@@ -142,6 +162,7 @@ class Scheduler:
         finally:
             self.alloc.free()
             self._plan = None
+            self._plans.clear()
             self._pos = None
             self._last_key = None
 
@@ -179,6 +200,17 @@ class Scheduler:
             self._exec.drain()
             raise
         self.cur_copy = (c + 1) % self.n_copies
+
+    @_one_thread
+    def graph_prepare(self, graph: Graph) -> None:
+        """Plan and place `graph` and let each split's backend bind it (`Backend.graph_prepare`),
+        computing nothing: a later `graph_compute(graph)` starts at once, as long as the compute
+        buffers are not grown in between (a larger graph's plan moves every tensor; `reserve` the
+        largest graph first)."""
+        self.alloc_graph(graph)
+        for run in self._plan.runs:
+            for split_graph in run.graphs:
+                run.backend.graph_prepare(split_graph)
 
     @_one_thread
     def synchronize(self) -> None:

@@ -164,6 +164,10 @@ class CpuBackend(Backend):
         for f in self.prepared.get(graph, self.n_threads, self.launch_for).launches:
             f()
 
+    def graph_prepare(self, graph: Graph) -> None:
+        """Validate the graph's nodes and bind their launches now (the next compute only calls them)."""
+        self.prepared.get(graph, self.n_threads, self.launch_for)
+
     def graph_profile(self, graph: Graph) -> list[tuple[Tensor, float]]:
         """Compute `graph` through its kept launches, timing each (the work is synchronous)."""
         prepared = self.prepared.get(graph, self.n_threads, self.launch_for)

@@ -271,6 +271,28 @@ def test_graph_launches_are_reused_and_see_new_data(dev):
     assert np.array_equal(ggx.host.tensor_array(out)[0, 0], -2 * xs[[1, 1]] + 1)
 
 
+def test_graph_prepare_binds_without_computing(dev):
+    """graph_prepare validates and binds every node now and runs nothing; the next
+    graph_compute uses those launches; a node that cannot run is refused by graph_prepare."""
+    graph, x, ids, y, out, _ = _placed_graph(dev)
+    be = dev.init_backend(n_threads=1)
+    ggx.host.tensor_array(out)[...] = -1
+    be.graph_prepare(graph)
+    prepared = be.prepared.kept(graph)
+    assert prepared is not None and (ggx.host.tensor_array(out) == -1).all()  # nothing ran
+    xs = np.arange(24, dtype=np.float32).reshape(3, 8)
+    _set(x, xs)
+    _set(y, np.ones((2, 8), np.float32))
+    _set(ids, np.array([2, 0], np.int32))
+    be.graph_compute(graph)
+    assert be.prepared.kept(graph) is prepared
+    assert np.array_equal(ggx.host.tensor_array(out)[0, 0], 2 * xs[[2, 0]] + 1)
+    bad, _, _, _, bad_out, _ = _placed_graph(dev)
+    bad_out.type = GType.F16  # the last node's kernel takes F32 only
+    with pytest.raises(GGXUnsupported, match="dst"):
+        be.graph_prepare(bad)
+
+
 def test_graph_launches_check_data_every_run(dev):
     graph, x, ids, y, out, _ = _placed_graph(dev)
     be = dev.init_backend(n_threads=1)

@@ -187,19 +187,26 @@ def launch(kernel, *args, n_threads: int = 1) -> Launch:
     argument, several us for the ISA token), which is most of a one-token op's cost. A parallel
     kernel sets numba's thread count to n_threads first (~0.3 us).
     """
-    sig = tuple(map(_typeof, args))
+    return _bound(kernel, _entry(kernel, tuple(map(_typeof, args))), args, n_threads)
+
+
+def _entry(kernel, sig: tuple):
+    """The compiled entry point of `kernel` for the argument types `sig` (loaded or compiled once)."""
     key = (id(kernel), *map(id, sig))
     known = _ENTRIES.get(key)
     if known is not None:
-        entry = known[2]
-    else:
-        cres = kernel.overloads.get(sig)
-        if cres is not None:
-            entry = cres.entry_point
-        else:  # compiled now, or loaded from numba's disk cache: one-off time the CLI shows and leaves out
-            with progress.compiling(f"CPU kernels for {isa.active()}"):
-                entry = kernel.compile(sig)
-        _ENTRIES[key] = (kernel, sig, entry)
+        return known[2]
+    cres = kernel.overloads.get(sig)
+    if cres is not None:
+        entry = cres.entry_point
+    else:  # compiled now, or loaded from numba's disk cache: one-off time the CLI shows and leaves out
+        with progress.compiling(f"CPU kernels for {isa.active()}"):
+            entry = kernel.compile(sig)
+    _ENTRIES[key] = (kernel, sig, entry)
+    return entry
+
+
+def _bound(kernel, entry, args: tuple, n_threads: int) -> Launch:
     if kernel.targetoptions.get("parallel"):
         n = max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
         _numba_parallel._launch_threads()  # once per process: starts the pool, defines _set_num_threads
@@ -249,9 +256,14 @@ def rows_launch(serial, parallel, n_threads: int, ne: Int4, *args) -> Launch:
     (no parallel region to start: ~0.3 us against 3-9 us), else `parallel(n_chunks, n_rows, *args)`,
     which hands each of n_threads threads one contiguous chunk of rows to `serial`."""
     n_rows = ne[1] * ne[2] * ne[3]
+    args = (0, n_rows, *args)
+    sig = tuple(map(_typeof, args))  # the same types for both: the first argument is an int either way
+    # the parallel twin a longer batch takes is loaded along with the serial kernel (at load time,
+    # by the model's warm-up), not by the first prompt that needs it (~6-13 ms a kernel)
+    twin = _entry(parallel, sig) if numba.config.NUMBA_NUM_THREADS > 1 else None
     if n_threads <= 1 or n_rows <= 1:
-        return launch(serial, 0, n_rows, *args)
-    return launch(parallel, min(n_threads, n_rows), n_rows, *args, n_threads=n_threads)
+        return _bound(serial, _entry(serial, sig), args, 1)
+    return _bound(parallel, twin or _entry(parallel, sig), (min(n_threads, n_rows),) + args[1:], n_threads)
 
 
 def nothing() -> None:
