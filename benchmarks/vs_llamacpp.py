@@ -4,12 +4,17 @@ alternately, N rounds, and the medians and their ratio are printed per test.
     python benchmarks/vs_llamacpp.py MODEL [MODEL ...] [--llama-bench PATH] [--rounds 3] [-t 2]
 
 Tests (as llama-bench defines them): pp512 (a 512-token prompt on an empty cache), tg128 (128
-tokens generated one by one), and the short prompts pp8 and pp37. Each round also starts both
-tools once for a single generated token (`-p 0 -n 1 -r 1`): the wall time of that run (loading the
-file, setting up, one token) and the peak resident memory of each process are reported as "start"
-and "peak RSS". Each round also measures the memory read bandwidth (a parallel sum over 1 GiB on
-the same threads), against which the weights read per second of tg128 (the file's tensor bytes
-times tokens/s) are shown for both tools.
+tokens generated one by one), the short prompts pp8 and pp37, and pp200 (past the prompt buckets
+ggx prepares at load). "ppN first" is ggx's first run of that length in its process (`first_ts`
+of `ggx bench`: a length not seen before) against llama-bench's mean for ppN, which builds its
+graph every time: a ratio of 0.83 or more means no more than 1.2x llama.cpp's time. Each round
+also starts both tools once for a single generated token (`-p 0 -n 1 -r 1`): the wall time of
+that run (loading the file, setting up, one token) and the peak resident memory of each process
+are reported as "start" and "peak RSS". The memory read bandwidth (a parallel sum over 1 GiB on
+the same threads) is measured right before and right after each tool's timed run, and the
+weights that tool read per second of tg128 (the file's tensor bytes times tokens/s) are compared
+with the mean of those two: this machine's bandwidth moves between minutes, so each tool is
+held against its own.
 
 llama-bench comes from `--llama-bench` or $LLAMA_BENCH. To build it (CPU only; ~5-10 minutes on
 two cores) from the llama.cpp sources, e.g. those vendored by the llama-cpp-python source
@@ -28,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-TESTS = (("pp", 512), ("tg", 128), ("pp", 8), ("pp", 37))
+TESTS = (("pp", 512), ("tg", 128), ("pp", 8), ("pp", 37), ("pp", 200))
 
 
 def _run(cmd: list[str]) -> tuple[str, float, int]:
@@ -73,11 +78,14 @@ def _read_bandwidth(threads: int) -> float:
 
 
 def _tests(records: list[dict]) -> dict[str, float]:
-    """test name -> tokens/s from a llama-bench / ggx bench JSON list."""
+    """test name -> tokens/s from a llama-bench / ggx bench JSON list; for ggx's prompts also
+    "ppN first", its first run of that length."""
     out = {}
     for r in records:
         name = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
         out[name] = float(r["avg_ts"])
+        if r["n_prompt"] and "first_ts" in r:
+            out[f"{name} first"] = float(r["first_ts"])
     return out
 
 
@@ -100,12 +108,14 @@ def _commands(tool: str, model: str, threads: int, reps: int, exe: str) -> tuple
 
 def compare(model: str, llama_bench: str, ggx: str, rounds: int, threads: int, reps: int) -> None:
     results: dict[str, dict[str, list[float]]] = {"llama.cpp": {}, "ggx": {}}
-    bandwidth, weight_bytes = [], 0
+    bandwidth: dict[str, list[float]] = {"llama.cpp": [], "ggx": []}
+    weight_bytes = 0
     for rnd in range(rounds):
-        bandwidth.append(_read_bandwidth(threads))
         for tool, exe in (("llama.cpp", llama_bench), ("ggx", ggx)):
             timed, start = _commands(tool, model, threads, reps, exe)
+            before = _read_bandwidth(threads)
             out, _, _ = _run(timed)
+            bandwidth[tool].append((before + _read_bandwidth(threads)) / 2)
             records = _json(out)
             weight_bytes = int(records[0]["model_size"])
             for name, tps in _tests(records).items():
@@ -116,8 +126,10 @@ def compare(model: str, llama_bench: str, ggx: str, rounds: int, threads: int, r
         print(f"  round {rnd + 1}/{rounds} done", file=sys.stderr, flush=True)
     print(f"\n{Path(model).name}, {threads} threads, {rounds} rounds alternating (medians; ranges over rounds)")
     print("| test | llama.cpp | ggx | ggx / llama.cpp |\n|---|---:|---:|---:|")
-    for name in [f"{k}{n}" for k, n in TESTS] + ["start s", "peak RSS MB"]:
-        a, b = results["llama.cpp"].get(name), results["ggx"].get(name)
+    firsts = [f"{k}{n} first" for k, n in TESTS if k == "pp"]
+    for name in [f"{k}{n}" for k, n in TESTS] + firsts + ["start s", "peak RSS MB"]:
+        a = results["llama.cpp"].get(name.removesuffix(" first"))
+        b = results["ggx"].get(name)
         if not a or not b:
             continue
         ma, mb = statistics.median(a), statistics.median(b)
@@ -125,14 +137,16 @@ def compare(model: str, llama_bench: str, ggx: str, rounds: int, threads: int, r
         unit = "" if name.startswith(("start", "peak")) else " t/s"
         print(f"| {name} | {ma:.2f}{unit} ({min(a):.1f}-{max(a):.1f}) | {mb:.2f}{unit} ({min(b):.1f}-{max(b):.1f}) | "
               f"{mb / ma:.2f}x ({min(per_round):.2f}-{max(per_round):.2f}) |")
-    bw = statistics.median(bandwidth)
     tg = [f"{k}{n}" for k, n in TESTS if k == "tg"]
     if tg and weight_bytes:
-        read = {tool: statistics.median(results[tool][tg[0]]) * weight_bytes for tool in results}
-        print(f"\nmemory read bandwidth measured in this run: {bw / 1e9:.1f} GB/s "
-              f"({min(bandwidth) / 1e9:.1f}-{max(bandwidth) / 1e9:.1f}); weights read during {tg[0]} "
-              f"({weight_bytes / 2**20:.0f} MiB a token): "
-              + ", ".join(f"{tool} {v / 1e9:.1f} GB/s ({100 * v / bw:.0f} %)" for tool, v in read.items()))
+        print(f"\nweights read during {tg[0]} ({weight_bytes / 2**20:.0f} MiB a token) against the memory read "
+              "bandwidth measured around the same run (medians; ranges over rounds):")
+        for tool, bws in bandwidth.items():
+            read = [tps * weight_bytes for tps in results[tool][tg[0]]]
+            share = [r / b for r, b in zip(read, bws)]
+            print(f"  {tool}: {statistics.median(read) / 1e9:.1f} GB/s of {statistics.median(bws) / 1e9:.1f} GB/s "
+                  f"({min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f}): {100 * statistics.median(share):.0f} % "
+                  f"({100 * min(share):.0f}-{100 * max(share):.0f} %)")
 
 
 def main() -> int:

@@ -128,6 +128,17 @@ class _CountingModel:
                 pass
 
 
+def test_bench_json_has_llama_bench_fields_and_the_first_run(tiny_llama, capsys):
+    import json
+
+    assert main(["bench", str(tiny_llama), "--device", "ref", "-p", "12", "-n", "3", "-r", "2", "-o", "json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [(r["n_prompt"], r["n_gen"]) for r in records] == [(12, 0), (0, 3)]
+    for r in records:
+        assert len(r["samples_ts"]) == 2 and r["avg_ts"] == pytest.approx(sum(r["samples_ts"]) / 2)
+        assert r["first_ts"] > 0
+
+
 def test_bench_warms_up_and_replaces_repetitions_that_compiled():
     import numpy as np
 
@@ -142,7 +153,7 @@ def test_bench_warms_up_and_replaces_repetitions_that_compiled():
 
 @pytest.mark.parametrize("tps, noted", [([100.0, 50.0, 150.0], True), ([100.0, 101.0, 99.0], False)])
 def test_bench_says_why_repetitions_disagree(tiny_llama, capsys, monkeypatch, tps, noted):
-    monkeypatch.setattr(bench, "repetitions", lambda *args: tps)
+    monkeypatch.setattr(bench, "repetitions", lambda *args, **kwargs: tps)
     assert main(["bench", str(tiny_llama), "--device", "ref", "-p", "8", "-n", "0"]) == 0
     out, err = capsys.readouterr()
     assert "100.00 ± " in out

@@ -2,11 +2,13 @@
 
 Tests, as llama-bench runs them: ppN evaluates N random tokens as one batch on an empty cache
 (logits of the last one only); tgN generates N tokens one at a time from an empty cache. Each
-test first runs once untimed (the warm-up: kernels compiled or loaded, launches bound, buffers
+test first runs once (the warm-up: kernels compiled or loaded, launches bound, buffers
 allocated), then `-r` timed repetitions; a repetition that compiled a kernel all the same is run
 again, and the garbage collector waits outside the timed part (as `timeit` does). The table
 shows mean ± std tokens/s; `-o json` prints the same as a JSON list with llama-bench's field
-names (avg_ts, stddev_ts, samples_ts, n_prompt, n_gen, n_threads), for scripts. With
+names (avg_ts, stddev_ts, samples_ts, n_prompt, n_gen, n_threads), for scripts, plus first_ts:
+the tokens/s of that first run, what a prompt of a length the process has not run before costs
+(its graph built, planned and bound then, unless loading prepared it). With
 `--profile`, where the time of a decode step goes: graph building, the scheduler's planning and
 input copies, the backends' compute (kernels), and the rest (Python around them).
 """
@@ -79,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         if nt is not None:
             model.runner.set_n_threads(nt)
         for kind, n in tests:
-            tps = repetitions(model, kind, n, rng, args.repetitions)
+            first = _one(model, kind, n, rng)
+            tps = repetitions(model, kind, n, rng, args.repetitions, warm=False)
             mean, std = statistics.fmean(tps), (statistics.stdev(tps) if len(tps) > 1 else 0.0)
             spread = max(spread, std / mean if mean else 0.0)
             if as_json:
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 records.append({"model_filename": str(model.file.path), "model_type": name, "model_size": size,
                                 "backends": backend, "n_threads": used,
                                 "n_prompt": n if kind == "pp" else 0, "n_gen": n if kind == "tg" else 0,
-                                "avg_ts": mean, "stddev_ts": std, "samples_ts": tps})
+                                "avg_ts": mean, "stddev_ts": std, "samples_ts": tps, "first_ts": first})
             else:
                 row = (name, f"{size / 2**20:.2f} MiB", backend, str(nt or "-"), f"{kind}{n}",
                        f"{mean:.2f} ± {std:.2f}")
@@ -112,12 +115,14 @@ def _say_why_noisy(spread: float) -> None:
           file=sys.stderr)
 
 
-def repetitions(model, kind: str, n: int, rng: np.random.Generator, count: int) -> list[float]:
-    """tokens/s of `count` timed runs of the test, after one untimed warm-up run; a run during
-    which a kernel was compiled (or loaded from the disk cache) is replaced, up to MAX_RETRIES times."""
+def repetitions(model, kind: str, n: int, rng: np.random.Generator, count: int, warm: bool = True) -> list[float]:
+    """tokens/s of `count` timed runs of the test, after one untimed warm-up run (unless `warm` is
+    False: the caller ran it); a run during which a kernel was compiled (or loaded from the disk
+    cache) is replaced, up to MAX_RETRIES times."""
     from .. import progress
 
-    _one(model, kind, n, rng)
+    if warm:
+        _one(model, kind, n, rng)
     out: list[float] = []
     retries = 0
     while len(out) < count:
