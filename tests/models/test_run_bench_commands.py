@@ -218,8 +218,8 @@ def _ggx(*args, **kwargs) -> subprocess.Popen:
                             stderr=subprocess.PIPE, env=env, **kwargs)
 
 
-def _long_run(model) -> subprocess.Popen:
-    proc = _ggx("run", str(model), "--device", "ref", "-n", "-1", "-c", "4096", "-p", "the cat")
+def _long_run(model, **kwargs) -> subprocess.Popen:
+    proc = _ggx("run", str(model), "--device", "ref", "-n", "-1", "-c", "4096", "-p", "the cat", **kwargs)
     assert proc.stdout.read(1) == b"t"  # the prompt is echoed: generation has begun
     return proc
 
@@ -232,8 +232,14 @@ def test_a_closed_pipe_stops_quietly(long_llama):
     assert b"Traceback" not in err and b"Exception ignored" not in err and b"BrokenPipe" not in err
 
 
+def _sigint_default() -> None:
+    """In the child: SIGINT as a terminal delivers it, even when the tests were started from a
+    shell's background job (which starts its children with SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_with_a_short_message_and_status_130(long_llama):
-    proc = _long_run(long_llama)
+    proc = _long_run(long_llama, preexec_fn=_sigint_default)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -192,6 +192,17 @@ class _Plans:
         self.blocker = blocker
 
 
+def _capture_blocker(i: int, node: Tensor, launches: list[Launch]) -> str | None:
+    """Why node i keeps its graph out of CUDA graph capture (None: it does not). ggml-cuda's rules:
+    cuBLAS cannot run inside a capture, and a batch of more than one token (an ADD whose second
+    source has ne1 > 1) is not captured, since batch or context changes move kernels' grids."""
+    if any(isinstance(x, GemmLaunch) for x in launches):
+        return f"node {i} {node.op.name} uses cuBLAS"
+    if node.op is Op.ADD and len(node.src) > 1 and node.src[1].ne[1] > 1:
+        return f"node {i} ADD over a batch of {node.src[1].ne[1]} (single-token steps only)"
+    return None
+
+
 class CudaBackend(Backend):
     """One non-blocking stream on a CUDA device."""
 
@@ -229,8 +240,8 @@ class CudaBackend(Backend):
                                      f"{', '.join(s.describe() for s in n.src)}")
             got = ops.plan(n, ctx)
             ctx.reset()
-            if blocker is None and any(isinstance(x, GemmLaunch) for x in got):
-                blocker = f"node {i} {n.op.name} uses cuBLAS"
+            if blocker is None:
+                blocker = _capture_blocker(i, n, got)
             launches.append(got)
         if ctx.grew:  # scratch moved: plan again with its final address
             return self._plan(graph)

@@ -85,6 +85,31 @@ def test_a_graph_without_cublas_is_captured_after_two_calls_then_launched(device
     assert np.allclose(y.data_buffer.get_tensor(y).view(np.float32), v / (1 + np.exp(-v)), rtol=1e-6)
 
 
+def test_a_batch_of_tokens_stays_eager_and_says_why(device: CudaDevice):
+    """ggml-cuda captures single-token steps only: an ADD over more than one row of its second
+    source keeps the graph eager, however often it comes back unchanged."""
+    from ggx.alloc import alloc_tensors
+    from ggx.graph import build_graph
+
+    be = device.init_backend()
+    for rows, expected in ((1, ["eager", "capture", "launch"]), (4, ["eager", "eager", "eager"])):
+        c = Context()
+        a, b = c.tensor("F32", (64, rows), "a"), c.tensor("F32", (64, rows), "b")
+        y = c.add(a, b)
+        g = build_graph(y)
+        alloc_tensors(device.buffer_type(), [a, b, y])
+        for t in (a, b):
+            t.data_buffer.set_tensor(t, np.ones(t.nelements, dtype=np.float32).view(np.uint8))
+        got = []
+        for _ in range(3):
+            be.graph_compute(g)
+            be.synchronize()
+            got.append(be.graphs.last(id(g)).action)
+        assert got == expected
+        assert np.allclose(y.data_buffer.get_tensor(y).view(np.float32), 2.0)
+    assert "ADD over a batch of 4" in be.graphs.last(id(g)).reason
+
+
 def test_a_graph_using_cublas_stays_eager_and_says_why(device: CudaDevice):
     be = device.init_backend()
     c = Context()
