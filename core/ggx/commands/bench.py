@@ -137,11 +137,12 @@ def repetitions(model, kind: str, n: int, rng: np.random.Generator, count: int, 
 
 def _one(model, kind: str, n: int, rng: np.random.Generator) -> float:
     """Tokens per second of one run of the test (the garbage collector held off while it runs)."""
+    from ..models.gc_pause import gc_paused
+
     tokens = rng.integers(0, model.n_vocab, size=n)
     model.reset()
     gc.collect()
-    gc.disable()
-    try:
+    with gc_paused():
         t0 = time.perf_counter()
         if kind == "pp":
             model.eval(tokens)
@@ -149,8 +150,6 @@ def _one(model, kind: str, n: int, rng: np.random.Generator) -> float:
             for tok in tokens:
                 model.eval([int(tok)])
         return n / (time.perf_counter() - t0)
-    finally:
-        gc.enable()
 
 
 def profile_decode(model, rng: np.random.Generator, out, n: int = 64) -> None:

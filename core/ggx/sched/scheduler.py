@@ -120,25 +120,22 @@ class Scheduler:
         t0 = time.perf_counter()
         key = self._plan_key(graph)
         plan = self._plan
-        waited = reused = False
-        if plan is None or plan.key != key:
+        switched = plan is None or plan.key != key
+        reused = not switched
+        if switched:
             self._wait_for_realloc()
-            waited = True
             plan = self._plans.get(key)
+            reused = plan is not None
             if plan is None:
                 plan = self._make_plan(graph, key)
                 self.stats.n_plans += 1
-            else:
-                reused = True
             self._keep(plan)
-        else:
-            reused = True
         if reused and plan.graph is not graph:
             materialize(plan, graph, self.backends, self.events, self.n_copies, planning=False)
             plan.placed = place_list(plan)
             self._pos = None
         if not self.alloc.fits(plan.alloc):
-            if not waited:
+            if not switched:
                 self._wait_for_realloc()
             self.alloc.reserve(plan.alloc)
         self.alloc.place(plan.alloc, plan.placed)
