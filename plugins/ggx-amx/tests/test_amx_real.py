@@ -4,6 +4,8 @@ is also checked without AMX: the same tiling loop and layout under the emulated 
 (test_amx_conformance.py, test_amx_buffer.py), the real kernels' assembly (test_amx_tiles.py)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from amx_testing import amx_cases, mul_mat_graph, mul_mat_id_graph, run_in
@@ -30,14 +32,14 @@ def test_real_tiles_give_the_emulated_bytes(cpu, amx_real, amx_cpu, amx_buft, gt
     backend = cpu.init_backend(n_threads=2)
     emu_backend = amx_cpu.init_backend(n_threads=2)
     K = 2 * gtype.block_size if gtype.block_size == 256 else 96
-    for n in (1, 7, 40):
-        out, inputs = mul_mat_graph(gtype, K, 64, n, seed=n)
-        real = run_in(cpu, backend, amx_real, out, inputs)
-        emulated = run_in(amx_cpu, emu_backend, amx_buft, out, inputs)
+    for n in (1, 7, 40):  # a graph each: a run leaves its weights in that run's buffer type
+        real = run_in(cpu, backend, amx_real, *mul_mat_graph(gtype, K, 64, n, seed=n))
+        emulated = run_in(amx_cpu, emu_backend, amx_buft, *mul_mat_graph(gtype, K, 64, n, seed=n))
         assert np.array_equal(real, emulated), (gtype, n)
-    out, inputs = mul_mat_id_graph(gtype, K, 32, np.array([[1, 3], [3, 3], [0, 1]]), n_expert=4, b_ne1=1)
-    assert np.array_equal(run_in(cpu, backend, amx_real, out, inputs),
-                          run_in(amx_cpu, emu_backend, amx_buft, out, inputs))
+    id_graph = functools.partial(mul_mat_id_graph, gtype, K, 32, np.array([[1, 3], [3, 3], [0, 1]]), n_expert=4,
+                                 b_ne1=1)
+    assert np.array_equal(run_in(cpu, backend, amx_real, *id_graph()),
+                          run_in(amx_cpu, emu_backend, amx_buft, *id_graph()))
 
 
 @pytest.mark.parametrize("gtype", TYPES, ids=lambda t: t.name)

@@ -170,6 +170,14 @@ STATIC_SMEM_LIMIT = 48 * 1024
 NVRTC_OPTIONS = ("-std=c++17", "-I" + KERNEL_DIR)
 
 
+def driver_runs(driver: int, runtime: int) -> bool:
+    """Whether a CUDA driver runs a CUDA runtime, both versions as CUDA reports them (1000 * major
+    + 10 * minor): a driver of the runtime's major version or newer does, an older minor version
+    too (CUDA's minor version compatibility; CuPy has NVRTC emit the GPU's machine code, not PTX
+    that only a newer driver could compile). Seen: driver 13000 with runtime 13020."""
+    return driver // 1000 >= runtime // 1000
+
+
 def source_text(name: str) -> str:
     with open(os.path.join(KERNEL_DIR, name), encoding="utf-8") as f:
         return f.read()
@@ -186,7 +194,7 @@ def headers_digest() -> str:
 
 
 class CupyDriver(Driver):
-    """The real driver. Unverified on hardware where no GPU was available (see the README)."""
+    """The real driver (CuPy). Run once on an H200 (see the README for what was verified there)."""
 
     def __init__(self) -> None:
         self._modules: dict[str, Any] = {}
@@ -213,8 +221,8 @@ class CupyDriver(Driver):
             runtime = cp.cuda.runtime.runtimeGetVersion()
         except Exception as e:  # noqa: BLE001 - cudaErrorInsufficientDriver and friends
             return [], f"CUDA is not usable: {type(e).__name__}: {e}"[:300]
-        if driver < runtime:
-            return [], f"driver too old: CUDA driver {driver}, CuPy's runtime {runtime}"
+        if not driver_runs(driver, runtime):
+            return [], f"driver too old: CUDA driver {driver} cannot run CuPy's runtime {runtime}"
         out = []
         for i in range(n):
             p = cp.cuda.runtime.getDeviceProperties(i)
@@ -312,10 +320,8 @@ class CupyDriver(Driver):
 
     def _opt_in_smem(self, f: Any, launch: KernelLaunch) -> None:
         """Dynamic shared memory past 48 KiB (MMQ's tiles) must be opted into per function
-        (ggml's CUDA_SET_SHARED_MEMORY_LIMIT)."""
-        from cupy_backends.cuda.api import driver as cu
-
-        cu.funcSetAttribute(f.ptr, cu.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared)
+        (ggml's CUDA_SET_SHARED_MEMORY_LIMIT); a CuPy RawKernel sets it through this property."""
+        f.max_dynamic_shared_size_bytes = launch.shared
         self._dynamic_smem[launch.kernel] = launch.shared
 
     def _gemm(self, stream: Any, g: GemmLaunch) -> None:

@@ -58,18 +58,39 @@ F32 = np.float32
 
 
 # === NVRTC ========================================================================================
+def cuda_include_dirs() -> list[str]:
+    """Folders that may hold the CUDA headers: the nvidia-cuda-runtime wheel's (CUDA 12 layout,
+    then CUDA 13's nvidia/cu13), then the toolkit CuPy finds (CUDA_PATH, nvcc's, /usr/local/cuda)."""
+    out = []
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            out += [os.path.join(root, "cuda_runtime", "include"), os.path.join(root, "cu13", "include")]
+    except ImportError:
+        pass
+    try:
+        import cupy
+
+        path = cupy.cuda.get_cuda_path()
+        if path:
+            out.append(os.path.join(path, "include"))
+    except Exception:  # noqa: BLE001 - a CuPy that cannot load: no toolkit from it
+        pass
+    return out
+
+
 def nvrtc_or_skip():
     """(the nvrtc binding, the CUDA include folder), or skip: NVRTC or the headers are missing."""
     try:
-        import nvidia.cuda_runtime
         from cupy_backends.cuda.libs import nvrtc
     except Exception as e:  # noqa: BLE001 - any failure to import means: cannot compile here
-        pytest.skip(f"NVRTC (cupy_backends.cuda.libs.nvrtc) or the CUDA headers (nvidia-cuda-runtime-cu12) "
-                    f"are not importable: {type(e).__name__}: {e}")
-    inc = os.path.join(list(nvidia.cuda_runtime.__path__)[0], "include")
-    if not os.path.isfile(os.path.join(inc, "cuda_fp16.h")):
-        pytest.skip(f"the CUDA headers are missing: no cuda_fp16.h in {inc}")
-    return nvrtc, inc
+        pytest.skip(f"NVRTC (cupy_backends.cuda.libs.nvrtc) is not importable: {type(e).__name__}: {e}")
+    found = [d for d in cuda_include_dirs() if os.path.isfile(os.path.join(d, "cuda_fp16.h"))]
+    if not found:
+        pytest.skip(f"the CUDA headers are missing: no cuda_fp16.h in {cuda_include_dirs()} "
+                    "(pip install nvidia-cuda-runtime-cu12)")
+    return nvrtc, found[0]
 
 
 class Compiled(NamedTuple):

@@ -1,8 +1,8 @@
 """ggx-cuda kernel benchmark: every figure measured side by side in one run on one GPU.
 
-    python benchmarks/cuda.py                  # everything on CUDA0
-    python benchmarks/cuda.py --quick          # fewer shapes, no model
-    python benchmarks/cuda.py --skip-model     # kernels only
+    python benchmarks/cuda_kernels.py                  # everything on CUDA0
+    python benchmarks/cuda_kernels.py --quick          # fewer shapes, no model
+    python benchmarks/cuda_kernels.py --skip-model     # kernels only
 
 1. bandwidth: a device-to-device copy of 1 GiB (read + write bytes / time), the reference for (2).
 2. MMVQ: weights [K 8192, M 32768] (151 MB as Q4_0: more than the L2 holds) times 1..8
@@ -14,7 +14,7 @@
 4. flash attention: a decode step (1 row, 32 heads over 8 KV heads, head 128, 4096 keys, F16
    K/V: the vec kernel and its parallel blocks) as K/V GB/s, and a prompt of 512 rows (the tile
    kernel) as TFLOPS (4 T KV D H / time).
-5. SmolLM2 (the default model): `ggx bench` pp512 / tg128 on CUDA0 with and without CUDA graphs
+5. SmolLM2 (the default model, or `-m FILE`): `ggx bench` pp512 / tg128 on CUDA0 with and without CUDA graphs
    (GGX_CUDA_DISABLE_GRAPHS=1), each in its own process; the ratio. Target: decode with graphs
    faster than without.
 
@@ -218,12 +218,13 @@ def bench_fattn(device, rng) -> None:
 
 
 # --- 5. the model, with and without CUDA graphs ---------------------------------------------------------
-def bench_model(device_name: str) -> None:
+def bench_model(device_name: str, model: str | None) -> None:
     ggx = shutil.which("ggx", path=os.path.dirname(sys.executable)) or shutil.which("ggx")
-    print(f"\n== SmolLM2 on {device_name}: ggx bench, tokens/s")
+    print(f"\n== {model or 'SmolLM2'} on {device_name}: ggx bench, tokens/s")
     rows = {}
     for label, env in (("graphs", {}), ("no graphs", {"GGX_CUDA_DISABLE_GRAPHS": "1"})):
-        r = subprocess.run([ggx, "bench", "--device", device_name, "-p", "512", "-n", "128", "-r", "3", "-o", "json"],
+        cmd = [ggx, "bench", "--device", device_name, "-p", "512", "-n", "128", "-r", "3", "-o", "json"]
+        r = subprocess.run(cmd + (["-m", model] if model else []),
                            capture_output=True, text=True, env={**os.environ, **env})
         if r.returncode != 0:
             raise SystemExit(f"ggx bench ({label}) failed:\n{r.stderr[-2000:]}")
@@ -240,10 +241,11 @@ def main() -> int:
     p.add_argument("--device", default="CUDA0")
     p.add_argument("--quick", action="store_true", help="Q4_0 / Q4_K only, fewer columns, no model")
     p.add_argument("--skip-model", action="store_true", help="no SmolLM2 runs")
+    p.add_argument("-m", "--model", default=None, help="GGUF file for the model runs (default: the default model)")
     args = p.parse_args()
     device, why = cuda_device(args.device)
     if device is None:
-        print(f"benchmarks/cuda.py: cannot run: {why}. Every figure here is measured on a CUDA GPU; "
+        print(f"benchmarks/cuda_kernels.py: cannot run: {why}. Every figure here is measured on a CUDA GPU; "
               "none was measured.", file=sys.stderr)
         return NO_DEVICE
     info = device.info
@@ -257,7 +259,7 @@ def main() -> int:
     bench_mmq(device, types, (16, 128, 512) if args.quick else (16, 32, 64, 128, 256, 512), rng)
     bench_fattn(device, rng)
     if not (args.quick or args.skip_model):
-        bench_model(args.device)
+        bench_model(args.device, args.model)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     return 0
 
