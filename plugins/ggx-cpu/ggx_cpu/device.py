@@ -161,8 +161,7 @@ class CpuBackend(Backend):
 
     def graph_compute(self, graph: Graph) -> None:
         """Run the graph's nodes in order; a graph computed again reuses its launches."""
-        for f in self.prepared.get(graph, self.n_threads, self.launch_for).launches:
-            f()
+        self.prepared.get(graph, self.n_threads, self.launch_for).run()
 
     def graph_prepare(self, graph: Graph) -> None:
         """Validate the graph's nodes and bind their launches now (the next compute only calls them)."""

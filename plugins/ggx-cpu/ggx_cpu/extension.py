@@ -7,6 +7,13 @@ Launches
     `launch(kernel, *args, n_threads=1)`: a numba kernel bound to its compiled entry point, as
     the zero-argument `Launch` that `ExtraBufferType.prepare_forward` returns. `in_order(*launches)`.
 
+Worker threads (`ggx_cpu.pool`)
+    `parallel_launch(kernel, *args, parts=n)`: the `Launch` of an njit `kernel(part, parts,
+    *args)` split in parts that the caller and the process's persistent worker threads run, for
+    work too small for a numba parallel region (a decode step's gemv and attention): part -1 (a
+    prologue) and part `parts` (an epilogue) on the caller, 0..parts-1 once each wherever.
+    `workers_enabled()`: $GGX_CPU_WORKERS is not "0" (else bind the parallel-region kernel).
+
 ISA variants and dispatch
     `select(name=None)` / `available()` / `VARIANTS`: the variants ("avx512_vnni", "avx2",
     "portable") this host can run, checked against CPU flags and the OS-enabled register state.
@@ -95,10 +102,14 @@ from .isa.tokens import IsaType, TokenType, register_token, token_constant
 from .kernels.common import in_order, launch
 from .kernels.extra_matmul import ExpertColumns, expert_columns, matmul_problem
 from .kernels.quantize_act import Q8Act, act_launch, quantize_act, quantize_rows_q8, quantize_rows_q8_K
+from .pool import enabled as workers_enabled
+from .pool import parallel_launch
 
 __all__ = [
     # launches
     "launch", "in_order",
+    # worker threads
+    "parallel_launch", "workers_enabled",
     # ISA variants and dispatch
     "VARIANTS", "available", "select", "token", "IsaType", "amx_support", "amx_status",
     "dot_u8s8", "dot_s8s8", "dot_u8s8_scaled", "u8s8_saturates",

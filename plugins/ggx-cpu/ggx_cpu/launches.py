@@ -1,5 +1,11 @@
 """The launches a CPU backend keeps per graph: decode submits the same graph every token, so
 every node is validated and its kernel call bound once, and later computes only call them.
+
+A graph computed a second time is fused: each run of consecutive launches that are jobs (a
+one-thread kernel's call, or a job of the worker threads) becomes one compiled call through
+`pool.SequenceLaunch`, so a decode step's ~450 kernels cost a few Python calls instead of one
+each (the arguments are stored once in compiled form; nothing is unboxed per token). Launches
+that are not jobs (a parallel region, a Python check) stay between the sequences, in order.
 """
 from __future__ import annotations
 
@@ -7,12 +13,17 @@ import operator
 import weakref
 from collections.abc import Callable
 
+import numpy as np
+
 from ggx.backend import Buffer, Launch
 from ggx.graph import Graph
 from ggx.tensor import Tensor
 
 #: Prepared graphs a backend keeps (decode keeps one per KV bucket and scheduler split).
 MAX_PREPARED = 64
+#: Computes of a kept graph after which its launches run fused (a graph computed once, as a
+#: prompt or a test case, never pays for it)
+FUSE_AFTER = 2
 
 _storage = operator.attrgetter("buffer", "offset")
 
@@ -43,10 +54,72 @@ class PreparedGraph:
         bound = [(node, launch_for(node)) for node in graph.nodes]  # validates all before any runs
         self.nodes = [node for node, f in bound if f is not None]
         self.launches = [f for _, f in bound if f is not None]
+        self.computes = 0
+        self.fused: list[Launch] | None = None
+
+    def run(self) -> None:
+        """Compute the graph: its launches, fused once it has been computed FUSE_AFTER times."""
+        launches = self.fused
+        if launches is None:
+            self.computes += 1
+            launches = self.launches
+            if self.computes >= FUSE_AFTER:
+                from . import pool
+
+                if pool.enabled():
+                    self.fused = launches = fuse(self.launches)
+        for f in launches:
+            f()
 
     def still_valid(self, graph: Graph, n_threads: int) -> bool:
         return (self.graph() is graph and len(graph.nodes) == self.n_nodes and self.n_threads == n_threads
                 and list(map(_storage, self.roots)) == self.storage and not any(b.is_freed for b in self.buffers))
+
+
+def fuse(launches: list[Launch]) -> list[Launch]:
+    """`launches` with each run of two or more consecutive jobs as one `pool.SequenceLaunch`."""
+    from . import pool
+    from .kernels.common import IndexCheck
+    out: list[Launch] = []
+    run: list[tuple[Launch, np.ndarray, np.ndarray | None]] = []
+
+    def close_run() -> None:
+        if len(run) > 1:
+            out.append(pool.SequenceLaunch(*map(list, zip(*((job, f, flag) for f, job, flag in run)))))
+        else:
+            out.extend(f for f, _, _ in run)
+        run.clear()
+
+    for f in _flat(launches):
+        job = _job_of(f)
+        if job is None:
+            close_run()
+            out.append(f)
+        else:
+            run.append((f, job, f.failed if isinstance(f, IndexCheck) else None))
+    close_run()
+    return out
+
+
+def _flat(launches: list[Launch]):
+    from .kernels.common import InOrder
+
+    for f in launches:
+        if isinstance(f, InOrder):
+            yield from _flat(list(f.launches))
+        else:
+            yield f
+
+
+def _job_of(f: Launch) -> np.ndarray | None:
+    from . import pool
+    from .kernels.common import IndexCheck, KernelLaunch
+
+    if isinstance(f, pool.JobLaunch) and len(f.jobs) == 1:
+        return f.jobs[0]
+    if isinstance(f, (KernelLaunch, IndexCheck)):
+        return pool.kernel_job(f.kernel, f.args)
+    return None
 
 
 class PreparedGraphs:

@@ -303,6 +303,39 @@ def test_graph_launches_check_data_every_run(dev):
         be.graph_compute(graph)
 
 
+def test_a_graph_computed_again_runs_fused(dev, monkeypatch):
+    """From its second compute a kept graph runs as one compiled sequence (the index check, the
+    row kernels): new data still shows, and an index out of range still raises before its
+    kernel writes anything; with GGX_CPU_WORKERS=0 the launches run one by one."""
+    from ggx_cpu import pool
+
+    graph, x, ids, y, out, _ = _placed_graph(dev)
+    be = dev.init_backend(n_threads=1)
+    xs = np.arange(24, dtype=np.float32).reshape(3, 8)
+    _set(x, xs)
+    _set(y, np.ones((2, 8), np.float32))
+    for k in range(3):
+        _set(ids, np.array([k % 3, 2 - k % 3], np.int32))
+        be.graph_compute(graph)
+        assert np.array_equal(ggx.host.tensor_array(out)[0, 0], 2 * xs[[k % 3, 2 - k % 3]] + 1)
+    prepared = be.prepared.kept(graph)
+    assert [type(f) for f in prepared.fused] == [pool.SequenceLaunch]
+    ggx.host.tensor_array(out)[...] = -1
+    _set(ids, np.array([0, 3], np.int32))
+    with pytest.raises(GGXShapeError, match="index 3"):
+        be.graph_compute(graph)
+    assert (ggx.host.tensor_array(out) == -1).all()  # stopped at the check
+    _set(ids, np.array([1, 0], np.int32))
+    be.graph_compute(graph)  # the check's flag was reset
+    assert np.array_equal(ggx.host.tensor_array(out)[0, 0], 2 * xs[[1, 0]] + 1)
+    monkeypatch.setenv("GGX_CPU_WORKERS", "0")
+    graph2, _, ids2, _, _, _ = _placed_graph(dev)
+    _set(ids2, np.array([0, 0], np.int32))
+    for _ in range(3):
+        be.graph_compute(graph2)
+    assert be.prepared.kept(graph2).fused is None
+
+
 def test_graph_launches_follow_storage_and_threads(dev):
     graph, x, ids, y, out, buf = _placed_graph(dev)
     be = dev.init_backend(n_threads=1)

@@ -221,12 +221,13 @@ def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray
     """One compiled call that quantizes the activations x [n, K], then runs a parallel kernel over
     (matrix, row group) into out: `tiles.tile_mm` (register tiles) where the ISA variant has it
     for this layout and some matrix multiplies more than one column (or repack_mm has no kernel
-    for the layout), else `kernels.repack_mm` (its register gemv)."""
+    for the layout), else `kernels.repack_mm` (its register gemv), or for one activation row on
+    more than one thread its chunks as a job of ggx-cpu's worker threads (`repack_mm_part`)."""
     import numba
 
-    from ggx_cpu.extension import launch, select, token
+    from ggx_cpu.extension import launch, parallel_launch, select, token, workers_enabled
 
-    from .kernels import repack_mm, runs_in_repack_mm
+    from .kernels import act_scratch, repack_mm, repack_mm_part, runs_in_repack_mm
     from .tiles import has_tiles, tile_plan
 
     K, M = op.src[0].ne[0], op.src[0].ne[1]
@@ -238,10 +239,18 @@ def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray
             tiles, tstart, n_ya, n_sc = _mul_mat_tiles(lay, len(ycol), K)
         else:
             tiles, tstart, n_ya, n_sc = tile_plan(cstart, lay.name, K)
-        from .tiles import tile_mm
+        from .tiles import tile_mm, tile_mm_part, tile_scratch
 
+        if n > 1 and x.shape[0] == 1 and workers_enabled():  # one token, as below
+            return parallel_launch(tile_mm_part, lay, w, wg, lay.group_bytes, nbk, K, M, x, tiles, tstart, ycol, ocol,
+                                   out, *tile_scratch(lay, n_ya, n_sc), parts=n)
         return launch(tile_mm, lay, w, wg, lay.group_bytes, nbk, K, M, x, tiles, tstart, n_ya, n_sc,
                       ycol, ocol, out, n, n_threads=n)
+    if n > 1 and x.shape[0] == 1 and workers_enabled():
+        # one token: a parallel region each would cost more than ggx-cpu's worker threads
+        # (docs/perf-notes.md, "Worker threads and fused launches")
+        return parallel_launch(repack_mm_part, token(), lay, w, wg, lay.group_bytes, nbk, K, M, x, cstart, ycol,
+                               ocol, _lane_rows(lay), out, *act_scratch(lay, 1, K), parts=n)
     return launch(repack_mm, token(), lay, w, wg, lay.group_bytes, nbk, K, M,
                   x, cstart, ycol, ocol, _lane_rows(lay), out, n, n_threads=n)
 

@@ -548,69 +548,97 @@ QUANT_PARALLEL_MIN = 1 << 16  # activation values below which quantizing seriall
 
 
 # --- the kernel -------------------------------------------------------------------------------------
+@njit(cache=True)
+def act_scratch(lay, n, K):
+    """The quantized form of n activation rows of K values for the layout's vec_dot_type: qs,
+    yd and ys (a scale and a scaled sum per block), s4 (sums of 4, or Q8_K's sums of 16), ysum
+    (sums of 32)."""
+    return (np.empty(n * K, np.int8), np.empty(n * K // _qblock(lay), np.float32),
+            np.empty(n * K // _qblock(lay), np.float32), np.empty(n * K // _sgroup(lay), np.int32),
+            np.empty(n * K // 32, np.int32))
+
+
 @njit(cache=True, parallel=True)
 def repack_mm(isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, out, nthreads):
     """MUL_MAT / MUL_MAT_ID on repacked weights, F32 activations x [n, K] in, one compiled call.
 
     The activations are quantized here (serially when small, else a first parallel region),
-    then one parallel region runs over `nthreads` contiguous chunks of (matrix, row group)
-    tasks, each chunk allocating its scratch once. A task is one row group, or `_pair(lay)`
-    consecutive ones (Q8_0) when the group count divides by it. A task with a single column runs
-    the register gemv; otherwise columns go TILE at a time (gemm): every group block's weights are
-    loaded and unpacked once per tile and serve all its columns.
+    then one parallel region runs `_chunk` over `nthreads` contiguous chunks of (matrix, row
+    group) tasks.
     """
     n = x.shape[0]
-    qs = np.empty(n * K, np.int8)
-    yd = np.empty(n * K // _qblock(lay), np.float32)
-    ys = np.empty(n * K // _qblock(lay), np.float32)
-    s4 = np.empty(n * K // _sgroup(lay), np.int32)
-    ysum = np.empty(n * K // 32, np.int32)
+    qs, yd, ys, s4, ysum = act_scratch(lay, n, K)
     nq = min(n, 4 * nthreads) if n * K >= QUANT_PARALLEL_MIN and nthreads > 1 and n > 1 else 1
     if nq > 1:
         for c in prange(nq):
             _quant(lay, x, qs, yd, ys, s4, ysum, c * n // nq, (c + 1) * n // nq)
     else:
         _quant(lay, x, qs, yd, ys, s4, ysum, 0, n)
-
-    N = lay_rows(lay)
-    n_groups = M // N
-    unit = _pair(lay) if n_groups % _pair(lay) == 0 else 1  # row groups per task
-    n_units = n_groups // unit
-    n_tasks = wg.shape[0] * n_units
-    nch = max(1, min(nthreads, n_tasks))
-    span = nbk * gbytes  # bytes of one row group
+    nch = max(1, min(nthreads, wg.shape[0] * _units(lay, M)))
     for ch in prange(nch):
-        acc = np.empty(TILE * 64, np.float32)  # 64: a Q8_0 task's 8 groups
-        iacc = np.empty(TILE * 16, np.int32)
-        for task in range(ch * n_tasks // nch, (ch + 1) * n_tasks // nch):
-            g = task // n_units
-            grp = (task % n_units) * unit
-            base = wg[g] + grp * span
-            c = cstart[g]
-            if _has_gemv(lay) and cstart[g + 1] - c == 1:
-                for k in range(unit):
-                    _gemv(isa, lay, w, base + k * span, gbytes, nbk, qs, yd, ysum, ys, ycol[c], K, out,
-                          ocol[c] * M + (grp + k) * N, rows)
-                continue
-            while c < cstart[g + 1]:
-                nt = min(TILE, cstart[g + 1] - c)
-                acc[:] = 0.0
-                for b in range(nbk):
-                    if unit > 1:
-                        _blockg(isa, lay, w, base + b * gbytes, span, qs, yd, ysum, ycol, c, nt, K, b, acc)
-                    else:
-                        _block(isa, lay, w, base + b * gbytes, qs, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc)
-                for t in range(nt):
-                    oo = ocol[c + t] * M + grp * N
-                    for r in range(N * unit):
-                        out[oo + r] = 0.0
-                    if unit > 1:  # 8 lanes per group (lanes 0-7 of lane_rows: rows 0..N-1), groups in order
-                        for lane in range(8 * unit):
-                            out[oo + rows[lane % 8] + (lane // 8) * N] += acc[t * 8 * unit + lane]
-                    else:
-                        for lane in range(16):
-                            out[oo + rows[lane]] += acc[t * 16 + lane]
-                c += nt
+        _chunk(ch, nch, isa, lay, w, wg, gbytes, nbk, K, M, cstart, ycol, ocol, rows, out, qs, yd, ys, ysum)
 
 
-__all__ = ["repack_mm", "lane_rows", "LayoutType", "TILE"]
+@njit(cache=True)
+def repack_mm_part(part, parts, isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, out,
+                   qs, yd, ys, s4, ysum):
+    """`repack_mm` as a job of ggx-cpu's worker threads (`parallel_launch`), for a decode token:
+    part -1 quantizes x into the job's scratch (`act_scratch`), parts 0..parts-1 are the chunks."""
+    if part < 0:
+        _quant(lay, x, qs, yd, ys, s4, ysum, 0, x.shape[0])
+    elif part < parts:
+        _chunk(part, parts, isa, lay, w, wg, gbytes, nbk, K, M, cstart, ycol, ocol, rows, out, qs, yd, ys, ysum)
+
+
+@njit(cache=True)
+def _units(lay, M):
+    """Tasks per matrix: its row groups, or pairs of them (`_pair`) when the count divides."""
+    n_groups = M // lay_rows(lay)
+    return n_groups // _pair(lay) if n_groups % _pair(lay) == 0 else n_groups
+
+
+@njit(cache=True)
+def _chunk(ch, nch, isa, lay, w, wg, gbytes, nbk, K, M, cstart, ycol, ocol, rows, out, qs, yd, ys, ysum):
+    """Chunk ch of nch of the (matrix, row group) tasks, allocating its scratch once. A task is
+    one row group, or `_pair(lay)` consecutive ones (Q8_0) when the group count divides by it. A
+    task with a single column runs the register gemv; otherwise columns go TILE at a time (gemm):
+    every group block's weights are loaded and unpacked once per tile and serve all its columns."""
+    N = lay_rows(lay)
+    n_units = _units(lay, M)
+    unit = (M // N) // n_units  # row groups per task
+    n_tasks = wg.shape[0] * n_units
+    span = nbk * gbytes  # bytes of one row group
+    acc = np.empty(TILE * 64, np.float32)  # 64: a Q8_0 task's 8 groups
+    iacc = np.empty(TILE * 16, np.int32)
+    for task in range(ch * n_tasks // nch, (ch + 1) * n_tasks // nch):
+        g = task // n_units
+        grp = (task % n_units) * unit
+        base = wg[g] + grp * span
+        c = cstart[g]
+        if _has_gemv(lay) and cstart[g + 1] - c == 1:
+            for k in range(unit):
+                _gemv(isa, lay, w, base + k * span, gbytes, nbk, qs, yd, ysum, ys, ycol[c], K, out,
+                      ocol[c] * M + (grp + k) * N, rows)
+            continue
+        while c < cstart[g + 1]:
+            nt = min(TILE, cstart[g + 1] - c)
+            acc[:] = 0.0
+            for b in range(nbk):
+                if unit > 1:
+                    _blockg(isa, lay, w, base + b * gbytes, span, qs, yd, ysum, ycol, c, nt, K, b, acc)
+                else:
+                    _block(isa, lay, w, base + b * gbytes, qs, yd, ysum, ys, ycol, c, nt, K, b, acc, iacc)
+            for t in range(nt):
+                oo = ocol[c + t] * M + grp * N
+                for r in range(N * unit):
+                    out[oo + r] = 0.0
+                if unit > 1:  # 8 lanes per group (lanes 0-7 of lane_rows: rows 0..N-1), groups in order
+                    for lane in range(8 * unit):
+                        out[oo + rows[lane % 8] + (lane // 8) * N] += acc[t * 8 * unit + lane]
+                else:
+                    for lane in range(16):
+                        out[oo + rows[lane]] += acc[t * 16 + lane]
+            c += nt
+
+
+__all__ = ["repack_mm", "repack_mm_part", "act_scratch", "lane_rows", "LayoutType", "TILE"]

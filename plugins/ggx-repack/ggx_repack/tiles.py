@@ -548,44 +548,62 @@ def _tile_task(lay, zeros, w, base, span, gbytes, nbk, ya, yd, yc, ys, tile, out
     _store(lay, accs, out, ocol, tile[0], tile[1], M, row0)
 
 
+@njit(cache=True)
+def tile_scratch(lay, n_ya, n_sc):
+    """The quantized activation tiles' arrays: ya (n_ya bytes), yd, yc, ys (n_sc scalars)."""
+    return (np.empty(n_ya, np.int8), np.empty(n_sc, np.float32), np.empty(n_sc * _yc_width(lay), np.int32),
+            np.empty(n_sc, np.float32))
+
+
 @njit(cache=True, parallel=True)
 def tile_mm(lay, w, wg, gbytes, nbk, K, M, x, tiles, tstart, n_ya, n_sc, ycol, ocol, out, nthreads):
     """MUL_MAT / MUL_MAT_ID on repacked weights (see the module docstring; `kernels.repack_mm`'s
     w, wg, gbytes, nbk, K, M, x, ycol, ocol, out): the activations quantized into `tiles`
-    (n_ya bytes, n_sc scalars: `tile_plan`) by a first parallel region, then one over
-    (matrix, task), each task running every tile of its matrix."""
-    ya = np.empty(n_ya, np.int8)
-    yd = np.empty(n_sc, np.float32)
-    yc = np.empty(n_sc * _yc_width(lay), np.int32)
-    ys = np.empty(n_sc, np.float32)
+    (n_ya bytes, n_sc scalars: `tile_plan`) by a first parallel region, then one over chunks of
+    the (matrix, task) pairs (`_tile_chunk`)."""
+    ya, yd, yc, ys = tile_scratch(lay, n_ya, n_sc)
     n_tiles = tiles.shape[0]
     nq = max(1, min(nthreads, n_tiles))
     for c in prange(nq):
         quant_tiles(lay, x, ycol, tiles[c * n_tiles // nq: (c + 1) * n_tiles // nq], nbk, ya, yd, yc, ys)
+    nch = max(1, min(nthreads, wg.shape[0] * (M // (lay_rows(lay) * _unit(lay)))))
+    for ch in prange(nch):
+        _tile_chunk(ch, nch, lay, w, wg, gbytes, nbk, M, tiles, tstart, ocol, out, ya, yd, yc, ys)
 
+
+@njit(cache=True)
+def tile_mm_part(part, parts, lay, w, wg, gbytes, nbk, K, M, x, tiles, tstart, ycol, ocol, out, ya, yd, yc, ys):
+    """`tile_mm` as a job of ggx-cpu's worker threads (`parallel_launch`), for a decode token:
+    part -1 quantizes the tiles into the job's scratch (`tile_scratch`), parts 0.. the chunks."""
+    if part < 0:
+        quant_tiles(lay, x, ycol, tiles, nbk, ya, yd, yc, ys)
+    elif part < parts:
+        _tile_chunk(part, parts, lay, w, wg, gbytes, nbk, M, tiles, tstart, ocol, out, ya, yd, yc, ys)
+
+
+@njit(cache=True)
+def _tile_chunk(ch, nch, lay, w, wg, gbytes, nbk, M, tiles, tstart, ocol, out, ya, yd, yc, ys):
+    """Chunk ch of nch of the (matrix, task) pairs, each task running every tile of its matrix."""
     unit = _unit(lay)
     rows = lay_rows(lay) * unit  # weight rows per task: 8
     n_units = M // rows
     n_tasks = wg.shape[0] * n_units
-    nch = max(1, min(nthreads, n_tasks))
     span = nbk * gbytes  # bytes of one layout group's rows
     z_big = _zeros(lay, -1)
     z_small = _zeros(lay, TILE_SMALL)
     z_one = _zeros(lay, 1)
-    for ch in prange(nch):
-        for task in range(ch * n_tasks // nch, (ch + 1) * n_tasks // nch):
-            g = task // n_units
-            u = task % n_units
-            base = wg[g] + u * unit * span
-            for i in range(tstart[g], tstart[g + 1]):
-                C = tiles[i, 2]
-                if C == _big(lay):
-                    _tile_task(lay, z_big, w, base, span, gbytes, nbk, ya, yd, yc, ys, tiles[i], out, ocol, M, u * rows)
-                elif C == TILE_SMALL:
-                    _tile_task(lay, z_small, w, base, span, gbytes, nbk, ya, yd, yc, ys, tiles[i], out, ocol, M,
-                               u * rows)
-                else:
-                    _tile_task(lay, z_one, w, base, span, gbytes, nbk, ya, yd, yc, ys, tiles[i], out, ocol, M, u * rows)
+    for task in range(ch * n_tasks // nch, (ch + 1) * n_tasks // nch):
+        g = task // n_units
+        u = task % n_units
+        base = wg[g] + u * unit * span
+        for i in range(tstart[g], tstart[g + 1]):
+            C = tiles[i, 2]
+            if C == _big(lay):
+                _tile_task(lay, z_big, w, base, span, gbytes, nbk, ya, yd, yc, ys, tiles[i], out, ocol, M, u * rows)
+            elif C == TILE_SMALL:
+                _tile_task(lay, z_small, w, base, span, gbytes, nbk, ya, yd, yc, ys, tiles[i], out, ocol, M, u * rows)
+            else:
+                _tile_task(lay, z_one, w, base, span, gbytes, nbk, ya, yd, yc, ys, tiles[i], out, ocol, M, u * rows)
 
 
 def tile_plan(cstart: np.ndarray, lay_name: str, K: int) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -606,4 +624,5 @@ def tile_plan(cstart: np.ndarray, lay_name: str, K: int) -> tuple[np.ndarray, np
     return tiles, np.array(tstart, np.int64), off, off // qb
 
 
-__all__ = ["tile_mm", "tile_plan", "quant_tiles", "has_tiles", "tile_columns", "LAYOUTS", "TILE_BIG", "TILE_SMALL"]
+__all__ = ["tile_mm", "tile_mm_part", "tile_scratch", "tile_plan", "quant_tiles", "has_tiles", "tile_columns",
+           "LAYOUTS", "TILE_BIG", "TILE_SMALL"]

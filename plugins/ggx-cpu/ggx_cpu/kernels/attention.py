@@ -44,7 +44,7 @@ from ggx.errors import GGXShapeError
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .. import isa
+from .. import isa, pool
 from ..isa.codegen import elem_ptr
 from ..isa.fgemm import gemm, pack_transposed_8x8
 from ..isa.simd import (
@@ -508,6 +508,21 @@ def flash_attn_kernel(fs, n_workers, sf, si, sl, counter, n_tasks, geo, params, 
         _merge_partials(geo, part, d, do, ds)
 
 
+@njit(cache=True)
+def flash_attn_part(p, parts, fs, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, part,
+                    q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds):
+    """`flash_attn_kernel` as a job of the worker threads (`ggx_cpu.pool`), for a decode token:
+    part -1 resets the task counter, parts 0..parts-1 are its workers (each taking tasks from the
+    counter in its own share of the scratch), part `parts` merges split keys' partials."""
+    if p < 0:
+        counter[0] = 0
+    elif p < parts:
+        _worker(fs, p, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, part,
+                q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds)
+    elif part.size:
+        _merge_partials(geo, part, d, do, ds)
+
+
 # --- the wrapper ------------------------------------------------------------------------------------
 _NO_MASK = np.zeros(1, np.uint16)
 _NO_PARTIALS = np.zeros(0, np.float32)
@@ -614,4 +629,6 @@ def flash_attn_ext(node: Tensor, n_threads: int) -> Launch:
     n_workers = max(1, min(n_threads, pl.n_tasks))
     scratch = (_lines(n_workers * scratch_floats(D, Dv, pl.rp), np.float32),
                _lines(n_workers * scratch_rows(pl.rp), np.int64), _lines(n_workers * pl.rp * KV_TILE, np.bool_))
+    if n_workers > 1 and T * B == 1 and pool.enabled():  # a decode token: its matmuls run on the workers too
+        return pool.parallel_launch(flash_attn_part, fs, *scratch, *args, parts=n_workers)
     return launch(flash_attn_kernel, fs, n_workers, *scratch, *args, n_threads=n_workers)

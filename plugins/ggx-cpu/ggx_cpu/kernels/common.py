@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from typing import Any
 
 import numba
 import numpy as np
@@ -158,26 +159,56 @@ def need_srcs(node: Tensor, n: int) -> None:
         raise GGXShapeError(f"{node.op.name}: {node.describe()} needs {n} sources, has {len(node.src)}")
 
 
+@numba.njit(cache=True)
+def check_indices(failed, arr, off, st, ne, bound):
+    """Set failed[0] to 1 if the index tensor (arr, off, st, ne in elements) holds a value
+    outside [0, bound)."""
+    for i3 in range(ne[3]):
+        for i2 in range(ne[2]):
+            for i1 in range(ne[1]):
+                for i0 in range(ne[0]):
+                    v = arr[off + i0 * st[0] + i1 * st[1] + i2 * st[2] + i3 * st[3]]
+                    if v < 0 or v >= bound:
+                        failed[0] = 1
+                        return
+
+
+class IndexCheck:
+    """The check that an I32/I64 index tensor holds only values in [0, bound): its data is known
+    only when the graph runs, so this runs before the kernel, every time. Called, it checks in
+    Python and raises GGXShapeError naming the value; `kernel` and `args` are the same check
+    compiled (`check_indices`, setting `failed[0]`), for a fused sequence of launches
+    (`ggx_cpu.launches`), which stops there and calls this to raise."""
+
+    kernel = check_indices
+
+    def __init__(self, t: Tensor, role: str, op: str, bound: int):
+        arr, off, st, ne = elems(t, role, op)
+        self.failed = np.zeros(1, np.int64)
+        self.args = (self.failed, arr, off, st, ne, bound)
+        self.what = f"{op}: {role} {t.describe()}"
+        self.bound = bound
+        self.view = np.lib.stride_tricks.as_strided(arr[off:], shape=ne[::-1],
+                                                    strides=tuple(s * arr.itemsize for s in st[::-1]))
+        self.one = int(off) if ne == (1, 1, 1, 1) else -1  # one token's row: read it directly
+        self.arr = arr
+
+    def __call__(self) -> None:
+        self.failed[0] = 0
+        if self.one >= 0:
+            lo = hi = int(self.arr[self.one])
+        else:
+            lo, hi = int(self.view.min()), int(self.view.max())
+        if lo < 0 or hi >= self.bound:
+            raise GGXShapeError(f"{self.what} holds index {lo if lo < 0 else hi}, outside 0..{self.bound - 1}")
+
+
 def index_check(t: Tensor, role: str, op: str, bound: int) -> Launch:
-    """A launch that checks the I32/I64 index tensor `t` holds only values in [0, bound): its
-    data is known only when the graph runs, so this runs before the kernel, every time."""
+    """The launch checking that index tensor `t` holds only values in [0, bound) (`IndexCheck`)."""
     arr, off, st, ne = elems(t, role, op)
     if 0 in ne:
         return nothing
-    if ne == (1, 1, 1, 1):  # one token's row: no strided view to build
-        def check_one() -> None:
-            v = int(arr[off])
-            if v < 0 or v >= bound:
-                raise GGXShapeError(f"{op}: {role} {t.describe()} holds index {v}, outside 0..{bound - 1}")
-        return check_one
-    view = np.lib.stride_tricks.as_strided(arr[off:], shape=ne[::-1], strides=tuple(s * arr.itemsize for s in st[::-1]))
-
-    def check() -> None:
-        lo, hi = int(view.min()), int(view.max())
-        if lo < 0 or hi >= bound:
-            raise GGXShapeError(f"{op}: {role} {t.describe()} holds index {lo if lo < 0 else hi}, "
-                                f"outside 0..{bound - 1}")
-    return check
+    return IndexCheck(t, role, op, bound)
 
 
 def launch(kernel, *args, n_threads: int = 1) -> Launch:
@@ -206,12 +237,21 @@ def _entry(kernel, sig: tuple):
     return entry
 
 
+class KernelLaunch(functools.partial):
+    """A one-thread kernel's launch: `entry(*args)`, a C-level call, with `kernel` kept so that a
+    graph computed again and again can run as one compiled call (`ggx_cpu.launches`)."""
+
+    kernel: Any
+
+
 def _bound(kernel, entry, args: tuple, n_threads: int) -> Launch:
     if kernel.targetoptions.get("parallel"):
         n = max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
         _numba_parallel._launch_threads()  # once per process: starts the pool, defines _set_num_threads
         return functools.partial(_threaded, n, entry, args)
-    return functools.partial(entry, *args)
+    bound = KernelLaunch(entry, *args)
+    bound.kernel = kernel
+    return bound
 
 
 _TYPES_BY_FINGERPRINT: dict[bytes, object] = {}
@@ -243,12 +283,22 @@ def _threaded(n: int, entry, args: tuple) -> None:
     entry(*args)
 
 
+class InOrder:
+    """One launch running `launches` one after the other (a check, then its kernel)."""
+
+    __slots__ = ("launches",)
+
+    def __init__(self, launches: tuple[Launch, ...]):
+        self.launches = launches
+
+    def __call__(self) -> None:
+        for f in self.launches:
+            f()
+
+
 def in_order(*launches: Launch) -> Launch:
     """One launch running `launches` one after the other."""
-    def run() -> None:
-        for f in launches:
-            f()
-    return run
+    return InOrder(launches)
 
 
 def rows_launch(serial, parallel, n_threads: int, ne: Int4, *args) -> Launch:
