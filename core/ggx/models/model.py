@@ -158,9 +158,10 @@ class Model:
         """Get the first prompts ready at load time (`warmup=True`): size the compute buffers for
         the largest batch (llama.cpp's worst-case reserve), build, plan and bind the graph of every
         prompt bucket up to PREPARED_PROMPT_TOKENS tokens on an empty cache (computing nothing),
-        then evaluate a throwaway short prompt and one decode step and forget them: the kernels
-        are loaded (or compiled) and decode's graph is ready too. A first prompt of any length up
-        to PREPARED_PROMPT_TOKENS then costs its arithmetic only."""
+        then evaluate a throwaway short prompt and two decode steps and forget them: the kernels
+        are loaded (or compiled) and decode's graph is ready too (a backend that turns a graph
+        computed again into one compiled call, as ggx-cpu does, has done so). A first prompt of
+        any length up to PREPARED_PROMPT_TOKENS then costs its arithmetic only."""
         with self._lock, gc_paused():
             self.cache.clear()
             self.runner.reserve(self._build(self._worst_case())[0])
@@ -168,8 +169,9 @@ class Model:
                 planned = self.cache.plan(n)
                 self.runner.prepare(self._graph(BatchShape(n, planned.n_kv, 1, planned.n_kv_swa))[0])
             self._eval(np.zeros(min(8, self.n_ctx - 1, self.n_batch) or 1, np.int64))
-            if self.cache.n_past < self.n_ctx:
-                self._eval(np.zeros(1, np.int64))
+            for _ in range(2):
+                if self.cache.n_past < self.n_ctx:
+                    self._eval(np.zeros(1, np.int64))
             self.cache.clear()
 
     # --- text ---------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """The launches a CPU backend keeps per graph: decode submits the same graph every token, so
 every node is validated and its kernel call bound once, and later computes only call them.
 
-A graph computed a second time is fused: each run of consecutive launches that are jobs (a
-one-thread kernel's call, or a job of the worker threads) becomes one compiled call through
-`pool.SequenceLaunch`, so a decode step's ~450 kernels cost a few Python calls instead of one
-each (the arguments are stored once in compiled form; nothing is unboxed per token). Launches
-that are not jobs (a parallel region, a Python check) stay between the sequences, in order.
+A graph computed a second time that runs no parallel region (a decode step's: its matmuls and
+attention are jobs of the worker threads) is fused: each run of consecutive launches that are
+jobs (a one-thread kernel's call, a job of the worker threads, a compiled index check) becomes
+one compiled call through `pool.SequenceLaunch`, so a decode step's ~450 kernels cost one Python
+call instead of one each (the arguments are stored once in compiled form; nothing is unboxed per
+token). Other launches stay between the sequences, in order. The model's warm-up computes its
+decode step twice, so the jobs' functions load with the model, not on the first token.
 """
 from __future__ import annotations
 
@@ -77,9 +79,15 @@ class PreparedGraph:
 
 
 def fuse(launches: list[Launch]) -> list[Launch]:
-    """`launches` with each run of two or more consecutive jobs as one `pool.SequenceLaunch`."""
+    """`launches` with each run of two or more consecutive jobs as one `pool.SequenceLaunch`; as
+    they are if one of them runs a parallel region (a prompt's graph: its launches are few
+    against its work, and its kernels' jobs would only cost loading)."""
     from . import pool
-    from .kernels.common import IndexCheck
+    from .kernels.common import IndexCheck, runs_a_region
+
+    flat = list(_flat(launches))
+    if any(map(runs_a_region, flat)):
+        return launches
     out: list[Launch] = []
     run: list[tuple[Launch, np.ndarray, np.ndarray | None]] = []
 
@@ -90,7 +98,7 @@ def fuse(launches: list[Launch]) -> list[Launch]:
             out.extend(f for f, _, _ in run)
         run.clear()
 
-    for f in _flat(launches):
+    for f in flat:
         job = _job_of(f)
         if job is None:
             close_run()

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import os
 import platform
 import sys
 import threading
+import types as pytypes
 import weakref
 from collections.abc import Callable
 
@@ -410,22 +412,34 @@ def enabled() -> bool:
     return SYS_FUTEX is not None and os.environ.get("GGX_CPU_WORKERS", "1") != "0"
 
 
+def _split_thunk(address, part, parts):  # noqa: F821 - KERNEL and ARGS_TYPE: the thunk's own globals
+    KERNEL(part, parts, *_load_args(_job_word(address, JOB_ARGS), ARGS_TYPE))  # noqa: F821
+
+
+def _plain_thunk(address, part, parts):  # noqa: F821
+    KERNEL(*_load_args(_job_word(address, JOB_ARGS), ARGS_TYPE))  # noqa: F821
+
+
 @functools.cache
 def _job_function(kernel, args_type: types.Type, split: bool) -> int:
     """The address of a `void(int64 job, int64 part, int64 parts)` that calls
-    `kernel(part, parts, *args)` (split) or `kernel(*args)` with the arguments stored for the job
-    (one per kernel and argument types; compiled once, then loaded from numba's disk cache)."""
-    if split:
-        @cfunc(types.void(types.int64, types.int64, types.int64), cache=True)
-        def job(address, part, parts):
-            kernel(part, parts, *_load_args(_job_word(address, JOB_ARGS), args_type))
-    else:
-        @cfunc(types.void(types.int64, types.int64, types.int64), cache=True)
-        def job(address, part, parts):
-            kernel(*_load_args(_job_word(address, JOB_ARGS), args_type))
+    `kernel(part, parts, *args)` (split) or `kernel(*args)` with the arguments stored for the job:
+    a `cfunc` per kernel and argument types, compiled once, then loaded from numba's disk cache.
 
-    with progress.compiling(f"CPU kernels for {isa.active()}"):
-        job.compile()
+    The thunk is a copy of `_split_thunk` / `_plain_thunk` with the kernel and the arguments'
+    type as its globals, and the kernel's file and a name of its own (the kernel's, with a digest
+    of the types): numba keys a closure's cache by its pickled cells, which for a kernel hold a
+    number drawn anew in every process, and keys a file's cache by the file, so this cache sits
+    by the kernel's and is dropped when that file changes."""
+    template = _split_thunk if split else _plain_thunk
+    py = kernel.py_func
+    digest = hashlib.sha1(f"{args_type}|{split}".encode()).hexdigest()[:16]
+    name = f"ggx_job_{py.__name__}_{digest}"
+    code = template.__code__.replace(co_filename=py.__code__.co_filename, co_name=name, co_qualname=name)
+    thunk = pytypes.FunctionType(code, {**template.__globals__, "KERNEL": kernel, "ARGS_TYPE": args_type}, name)
+    thunk.__module__ = py.__module__
+    with progress.compiling(f"CPU kernels for {isa.active()}"):  # cfunc compiles (or loads) here
+        job = cfunc(types.void(types.int64, types.int64, types.int64), cache=True)(thunk)
     _JOB_FUNCTIONS.append(job)  # its code lives as long as the process
     return job.address
 
@@ -436,15 +450,26 @@ _JOB_FUNCTIONS: list = []
 def _job(kernel, args: tuple, parts: int) -> np.ndarray:
     """A job array: `kernel` and `args` stored (their references held until the array goes);
     parts 0 for a one-thread kernel's single call."""
-    args_type = types.Tuple(tuple(_typeof(a) for a in args))
-    fn = _job_function(kernel, args_type, parts > 0)
-    store = _entry(_store_args_at, (_typeof(np.zeros(1, np.int64)), args_type))
-    size = cpu_target.target_context.get_abi_sizeof(cpu_target.target_context.get_value_type(args_type))
-    stash = np.zeros(-(-size // 8), np.int64)
+    arg_types = tuple(map(_typeof, args))
+    key = (id(kernel), parts > 0, *map(id, arg_types))  # numba's types are interned: ids name them
+    known = _JOB_KINDS.get(key)
+    if known is None:
+        args_type = types.Tuple(arg_types)
+        size = cpu_target.target_context.get_abi_sizeof(cpu_target.target_context.get_value_type(args_type))
+        known = _JOB_KINDS[key] = (kernel, arg_types, args_type, _job_function(kernel, args_type, parts > 0),
+                                   _entry(_store_args_at, (_STASH_TYPE, args_type)), -(-size // 8))
+    _, _, args_type, fn, store, words = known
+    stash = np.zeros(words, np.int64)
     store(stash, args)
     job = np.array([fn, parts, stash.ctypes.data], np.int64)
     weakref.finalize(job, _drop_args, stash, args_type)
     return job
+
+
+#: (kernel id, split, argument type ids) -> (kernel, argument types: kept so no id is reused,
+#: their tuple type, the job function's address, the entry storing them, the words they take)
+_JOB_KINDS: dict[tuple, tuple] = {}
+_STASH_TYPE = types.Array(types.int64, 1, "C")
 
 
 class JobLaunch(functools.partial):

@@ -180,10 +180,9 @@ class IndexCheck:
     compiled (`check_indices`, setting `failed[0]`), for a fused sequence of launches
     (`ggx_cpu.launches`), which stops there and calls this to raise."""
 
-    kernel = check_indices
-
     def __init__(self, t: Tensor, role: str, op: str, bound: int):
         arr, off, st, ne = elems(t, role, op)
+        self.kernel = check_indices  # not a class attribute: a dispatcher there binds like a method
         self.failed = np.zeros(1, np.int64)
         self.args = (self.failed, arr, off, st, ne, bound)
         self.what = f"{op}: {role} {t.describe()}"
@@ -276,6 +275,11 @@ def _typeof(value):
     if t is None:
         t = _TYPES_BY_FINGERPRINT[fp] = numba.typeof(value)
     return t
+
+
+def runs_a_region(f: Launch) -> bool:
+    """Whether a launch made here runs a numba parallel region."""
+    return isinstance(f, functools.partial) and f.func is _threaded
 
 
 def _threaded(n: int, entry, args: tuple) -> None:
