@@ -367,7 +367,7 @@ class WorkerPool:
             return
         with self._lock:
             while len(self.threads) + 1 < parts:
-                t = threading.Thread(target=_worker, args=(self.ctrl, len(self.threads) + 1), daemon=True,
+                t = threading.Thread(target=_worker_main, args=(self.ctrl, len(self.threads) + 1), daemon=True,
                                      name=f"ggx-cpu worker {len(self.threads) + 1}")
                 t.start()
                 self.threads.append(t)
@@ -378,6 +378,16 @@ class WorkerPool:
         for t in self.threads:
             t.join(timeout=1.0)
         self.threads = []
+
+
+def _worker_main(ctrl: np.ndarray, part: int) -> None:
+    # A thread starts with its creator's CPU mask: with OMP_PROC_BIND set, OpenMP has pinned the
+    # caller's thread to one core, and a worker sharing it would run nothing in parallel.
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except (AttributeError, OSError):  # no affinity calls here, or a mask the system refuses
+        pass
+    _worker(ctrl, part)
 
 
 _pool: WorkerPool | None = None
