@@ -180,8 +180,7 @@ class IndexCheck:
     compiled (`check_indices`, setting `failed[0]`), for a fused sequence of launches
     (`ggx_cpu.launches`), which stops there and calls this to raise."""
 
-    def __init__(self, t: Tensor, role: str, op: str, bound: int):
-        arr, off, st, ne = elems(t, role, op)
+    def __init__(self, t: Tensor, role: str, op: str, bound: int, arr: np.ndarray, off: int, st: Int4, ne: Int4):
         self.kernel = check_indices  # not a class attribute: a dispatcher there binds like a method
         self.failed = np.zeros(1, np.int64)
         self.args = (self.failed, arr, off, st, ne, bound)
@@ -207,7 +206,7 @@ def index_check(t: Tensor, role: str, op: str, bound: int) -> Launch:
     arr, off, st, ne = elems(t, role, op)
     if 0 in ne:
         return nothing
-    return IndexCheck(t, role, op, bound)
+    return IndexCheck(t, role, op, bound, arr, off, st, ne)
 
 
 def launch(kernel, *args, n_threads: int = 1) -> Launch:
