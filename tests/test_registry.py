@@ -82,7 +82,7 @@ class FakeExtra(ExtraBufferType):
         return None
 """
 
-HEADER = "from ggx.hookspecs import hookimpl\nfrom ggx_t_fakes import *\n"
+HEADER = f"from ggx.hookspecs import hookimpl\nfrom ggx_t_fakes import *\nGGX_API_VERSION = {API_VERSION}\n"
 
 # entry-point name: (distribution, version, module source)
 PLUGINS = {
@@ -111,6 +111,19 @@ def ggx_backend_reg():
 @hookimpl
 def ggx_backend_reg():
     return "not a reg"
+"""),
+    # an extra-buffer-type plugin (no reg) built against the next core
+    "newapi": ("ggx-t-newapi", "0.6", HEADER + f"""
+GGX_API_VERSION = {API_VERSION + 1}
+
+@hookimpl
+def ggx_extra_buffer_types(device):
+    return [(5, FakeExtra("NEWER"))]
+"""),
+    "noapi": ("ggx-t-noapi", "0.7", "from ggx.hookspecs import hookimpl\nfrom ggx_t_fakes import *\n" + """
+@hookimpl
+def ggx_extra_buffer_types(device):
+    return [(5, FakeExtra("UNSTATED"))]
 """),
     "oldapi": ("ggx-t-oldapi", "0.5", HEADER + f"""
 @hookimpl
@@ -196,6 +209,9 @@ FAILURES = {
     "raises": ["ggx_backend_reg() raised RuntimeError: probe failed"],
     "wrongtype": ["ggx_backend_reg() returned builtins.str", "expected a ggx.backend.BackendReg"],
     "oldapi": [f"API version {API_VERSION + 41}", f"this core has API version {API_VERSION}"],
+    "newapi": [f"was built against ggx core API version {API_VERSION + 1}",
+               f"this core has API version {API_VERSION}"],
+    "noapi": ["states no API version (GGX_API_VERSION", f"this core has API version {API_VERSION}"],
 }
 
 
@@ -222,7 +238,7 @@ def test_all_failures_at_once_leave_the_good_plugin_working():
     statuses = {p.name: p.status for p in registry.plugins() if p.status != "disabled"}
     assert statuses == {
         "good": "loaded", "tamx": "loaded", "broken": "failed", "raises": "failed", "wrongtype": "failed",
-        "oldapi": "failed", "ref": "loaded"}
+        "oldapi": "failed", "newapi": "failed", "noapi": "failed", "ref": "loaded"}
 
 
 @pytest.mark.parametrize("asked, expected", [
@@ -406,6 +422,21 @@ def test_register_a_reg_directly_and_unregister():
 def test_register_failures_raise_at_once():
     with pytest.raises(GGXPluginError, match=f"API version {API_VERSION + 1}.*API version {API_VERSION}"):
         registry.register(fake_reg("future", ("f0", DeviceType.CPU), api_version=API_VERSION + 1))
+
+    class Stale:  # a plugin object built against an older core: refused before any hook runs
+        GGX_API_VERSION = API_VERSION - 1
+        called = False
+
+        @hookimpl
+        def ggx_extra_buffer_types(self, device):
+            Stale.called = True
+            return None
+
+    with pytest.raises(GGXPluginError, match=f"built against ggx core API version {API_VERSION - 1}, "
+                                             f"this core has API version {API_VERSION}"):
+        registry.register(Stale(), name="stale")
+    registry.devices()
+    assert "stale" not in [p.name for p in registry.plugins()] and not Stale.called
 
     class Typo:
         @hookimpl

@@ -75,6 +75,10 @@ def test_a_taken_name_is_refused_before_anything_is_written(name, reason, tmp_pa
 def test_a_free_name_is_written(tmp_path):
     root = write_plugin("gizmo", tmp_path)
     assert root == tmp_path / "ggx-gizmo" and (root / "ggx_gizmo" / "device.py").exists()
+    # the plugin states the core API version it was generated against (the registry checks it)
+    from ggx.backend import API_VERSION
+
+    assert f"\nGGX_API_VERSION = {API_VERSION}\n" in (root / "ggx_gizmo" / "plugin.py").read_text()
 
 
 def test_the_command_ends_with_one_error_line(tmp_path, capsys):

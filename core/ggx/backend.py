@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from .tensor import Tensor
     from .types import GType
 
-#: Bumped when a contract changes incompatibly; every BackendReg declares the one it was built for.
+#: Bumped when a contract changes incompatibly. Each plugin states the version it was built against
+#: as a number of its own (`GGX_API_VERSION` in its plugin module); the registry refuses another.
 API_VERSION = 1
 
 #: A kernel call with its arguments bound (`ExtraBufferType.prepare_forward`): run it as `launch()`.
@@ -326,7 +327,9 @@ class BackendReg(ABC):
 
     name: str = "?"
     version: str = "0"
-    api_version: int = API_VERSION
+    #: The core API version this reg was built against (ggml's api_version), or None: as its plugin
+    #: module states (`GGX_API_VERSION`). A number here is checked like the plugin's.
+    api_version: int | None = None
     #: A line for `ggx devices` about the plugin's state, e.g. why it lists no device right now.
     note: str = ""
 

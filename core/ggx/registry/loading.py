@@ -1,8 +1,8 @@
 """Filling the registry: in-process registration, entry points, the built-in; validation; failures.
 
-Every plugin goes through pluggy and through one check (`_activate`): its hooks must be known,
-its `ggx_backend_reg` must return a BackendReg of this core's API version whose `devices()` is a
-list of Devices. A plugin that fails is recorded (`PluginFailure`) and skipped; `register()`
+Every plugin goes through pluggy and through one check (`_activate`): it must have been built
+against this core's API version (`check_api_version`), its hooks must be known, its
+`ggx_backend_reg` must return a BackendReg whose `devices()` is a list of Devices. A plugin that fails is recorded (`PluginFailure`) and skipped; `register()`
 raises instead, since its caller is right there.
 
 Names. Plugin names (compared normalized: "my-dev" is "My_Dev") and device names (compared
@@ -86,7 +86,7 @@ def _validate_reg(e: Entry, reg: Any) -> None:
                       "expected a ggx.backend.BackendReg or None")
     e.reg_name = str(reg.name)
     version = getattr(reg, "api_version", None)
-    if not isinstance(version, int) or isinstance(version, bool) or version != API_VERSION:
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version != API_VERSION):
         raise _Failed(f"backend {reg.name!r} was built for ggx core API version {version!r}, "
                       f"this core has API version {API_VERSION}")
     devs = reg.devices()
@@ -106,9 +106,35 @@ def _validate_reg(e: Entry, reg: Any) -> None:
     e.devices = list(devs)
 
 
+def stated_api_version(obj: Any) -> Any:
+    """The core API version plugin object `obj` says it was built against: its `GGX_API_VERSION`
+    (a module-level constant of the plugin module), or for a bare BackendReg its `api_version`;
+    None when it states none."""
+    if isinstance(obj, _RegPlugin):
+        return getattr(obj.reg, "api_version", None)
+    return getattr(obj, "GGX_API_VERSION", None)
+
+
+def check_api_version(obj: Any, source: str) -> None:
+    """Raise _Failed unless `obj` was built against this core's API version. An entry-point plugin
+    (an installed distribution, built separately) must state it; an in-process registration
+    (written in this process, against this core) may leave it unstated."""
+    version = stated_api_version(obj)
+    if version is None:
+        if source == ENTRY_POINT:
+            raise _Failed(f"states no API version (GGX_API_VERSION in its plugin module: the ggx core API "
+                          f"version it was built against); this core has API version {API_VERSION}")
+        return
+    if not isinstance(version, int) or isinstance(version, bool) or version != API_VERSION:
+        raise _Failed(f"was built against ggx core API version {version!r}, this core has API version "
+                      f"{API_VERSION}")
+
+
 def _activate(e: Entry) -> None:
-    """Register e.obj with pluggy and run its ggx_backend_reg; on any failure, record it."""
+    """Check e.obj's API version, register it with pluggy and run its ggx_backend_reg; on any
+    failure, record it."""
     try:
+        check_api_version(e.obj, e.info.source)
         TABLE.pm.register(e.obj, name=e.info.name)
         unknown = [hc.name for hc in TABLE.pm.get_hookcallers(e.obj) or [] if not hc.has_spec()]
         if unknown:

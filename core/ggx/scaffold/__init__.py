@@ -30,9 +30,11 @@ def names(name: str) -> dict[str, str]:
         raise GGXError(f"plugin name {name!r}: use letters, digits, '-' or '_', starting with a letter")
     snake = base.replace("-", "_")
     from .._version import __version__
+    from ..backend import API_VERSION
 
     return {"device": snake, "dist": "ggx-" + snake.replace("_", "-"), "package": "ggx_" + snake,
-            "cls": "".join(p.capitalize() for p in snake.split("_")), "ggx_version": __version__}
+            "cls": "".join(p.capitalize() for p in snake.split("_")), "ggx_version": __version__,
+            "api_version": str(API_VERSION)}
 
 
 def taken(subst: dict[str, str]) -> list[str]:

@@ -19,6 +19,9 @@ from ggx_cpu.plugin import backend_reg as cpu_backend_reg
 from . import __version__
 from .detect import amx_mode
 
+#: The ggx core API version this plugin was built against (the registry refuses another).
+GGX_API_VERSION = 1
+
 #: Our `ggx_extra_buffer_types` priority (lower is tried first): before CPU_REPACK's 20, as ggml
 #: tries its AMX buffer type before the repack one.
 PRIORITY_AMX = 10

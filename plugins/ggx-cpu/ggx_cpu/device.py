@@ -25,7 +25,6 @@ from collections.abc import Callable
 import numpy as np
 
 from ggx.backend import (
-    API_VERSION,
     Backend,
     BackendReg,
     Buffer,
@@ -278,7 +277,6 @@ class CpuBackendReg(BackendReg):
 
     name = "CPU"
     version = __version__
-    api_version = API_VERSION
 
     def __init__(self) -> None:
         self._device = CpuDevice(self)

@@ -15,7 +15,7 @@ from ggx.errors import GGXError, GGXShapeError, GGXUnsupported
 from ggx.host import HostBufferType
 from ggx.types import GType
 from ggx_cpu import device as cpu_device
-from ggx_cpu import sysinfo
+from ggx_cpu import plugin, sysinfo
 from ggx_cpu.device import CpuDevice
 from ggx_cpu.plugin import backend_reg, ggx_backend_reg
 
@@ -27,7 +27,7 @@ def dev():
 
 def test_registration_and_identity(dev):
     reg = ggx_backend_reg()
-    assert reg is backend_reg() and reg.api_version == API_VERSION and reg.name == "CPU"
+    assert reg is backend_reg() and plugin.GGX_API_VERSION == API_VERSION and reg.name == "CPU"
     assert dev.name == "CPU" and dev.type == DeviceType.CPU and dev.reg is reg
     assert sysinfo.cpu_model() in dev.description
     free, total = dev.memory()

@@ -11,6 +11,9 @@ import functools
 from ggx.backend import BackendReg
 from ggx.hookspecs import hookimpl
 
+#: The ggx core API version this plugin was built against (the registry refuses another).
+GGX_API_VERSION = 1
+
 
 @functools.cache
 def backend_reg() -> BackendReg:

@@ -13,6 +13,9 @@ from ggx.backend import Device, ExtraBufferType
 from ggx.hookspecs import hookimpl
 from ggx_cpu.plugin import backend_reg as cpu_backend_reg
 
+#: The ggx core API version this plugin was built against (the registry refuses another).
+GGX_API_VERSION = 1
+
 #: Our `ggx_extra_buffer_types` priority (lower is tried first): after an AMX type, which ggml
 #: tries before repack.
 PRIORITY_REPACK = 20
