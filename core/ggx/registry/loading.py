@@ -2,8 +2,9 @@
 
 Every plugin goes through pluggy and through one check (`_activate`): it must have been built
 against this core's API version (`check_api_version`), its hooks must be known, its
-`ggx_backend_reg` must return a BackendReg whose `devices()` is a list of Devices. A plugin that fails is recorded (`PluginFailure`) and skipped; `register()`
-raises instead, since its caller is right there.
+`ggx_backend_reg` must return a BackendReg whose `devices()` is a list of Devices. A plugin that
+fails is recorded (`PluginFailure`) and skipped; `register()` raises instead, since its caller is
+right there.
 
 Names. Plugin names (compared normalized: "my-dev" is "My_Dev") and device names (compared
 case-insensitively, as `get_device` looks them up) are unique. The built-in reference backend is
