@@ -18,7 +18,7 @@ from ..tensor import Tensor
 from .architectures import read_hparams
 from .blocks import BatchShape, ModelInputs
 from .catalog import resolve_model
-from .chat import detect_chat_format
+from .chat import ChatTemplate
 from .gc_pause import gc_paused
 from .gguf_file import GGUFFile
 from .kv_cache import KVCache
@@ -150,6 +150,7 @@ class Model:
         self._lock = threading.RLock()  # one evaluation at a time (the scheduler and cache are shared)
         self._owner: object | None = None  # the generate() iterator whose sequence the cache holds
         self._last_use = "load"  # what changed the cache last, for the stale-iterator message
+        self._chat_template: ChatTemplate | None = None
         if warmup:
             self.warmup()
         self.stats = Stats(load_s=time.perf_counter() - t0)
@@ -185,11 +186,19 @@ class Model:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.detokenize(ids)
 
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The model's chat format (ggx.models.chat): the file's template, else a known fallback.
+        `chat_template.render(messages)` gives the prompt text of a conversation."""
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.from_gguf(self.file, self.tokenizer)
+        return self._chat_template
+
     def chat_prompt(self, user: str, system: str | None = None) -> str:
-        """`user` as one user turn of the model's chat format (ggx.models.chat), ending where the
-        answer begins: give it to `generate`."""
-        template = self.file.get("tokenizer.chat_template", str, None)
-        return detect_chat_format(template, self.tokenizer.vocab).prompt(user, system)
+        """`user` as one user turn (after an optional system message) in the model's chat
+        format, ending where the answer begins: give it to `generate`."""
+        messages = ([{"role": "system", "content": system}] if system is not None else [])
+        return self.chat_template.render(messages + [{"role": "user", "content": user}])
 
     def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         """The prompt's token ids, checked before anything runs: not empty, in the vocabulary, and
