@@ -16,6 +16,8 @@ every malformation becomes a `GGXFormatError` naming what is wrong and where.
 from __future__ import annotations
 
 import math
+import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GGXFormatError
+from ..errors import GGXFormatError, GGXStateError
 from ..types import GType
 
 GGUF_MAGIC = b"GGUF"
@@ -235,20 +237,64 @@ class GGUFFile:
 
     `read_header` checks the header and reads the metadata in the same bounded walk (gguf's
     GGUFReader is not used: it trusts the file, and its per-element Python loops over a 49k-token
-    vocabulary took ~2 s). Tensor data stays in the file's memory map until a loader copies it
-    into buffers.
+    vocabulary took ~2 s). Tensor data stays in the file's memory map: a loader copies what it
+    transforms, and plain host weights are views of `memory` (ggml's CPU_Mapped).
+
+    The file stays open while the object lives. The map is private (copy-on-write), so a write
+    through a view never reaches the file, and the views are writable numpy arrays like any host
+    buffer's. A file truncated under a map faults (SIGBUS) where its pages are read, so whoever
+    computes from the map calls `check_unchanged` first: the file's size, modification time and
+    inode, taken when it was opened, are compared with the open file's now.
     """
 
     def __init__(self, path: str | Path):
         self.path = str(path)
         try:
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self._file = open(self.path, "rb")  # noqa: SIM115 - held open for the map's lifetime
         except FileNotFoundError:
             raise GGXFormatError(f"{self.path}: no such file") from None
+        except OSError as e:
+            raise GGXFormatError(f"{self.path}: cannot open the file ({e.strerror or e})") from None
+        try:
+            self._stat = os.fstat(self._file.fileno())
+            self._mmap = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY)
         except (ValueError, OSError) as e:  # an empty file cannot be mapped
+            self._file.close()
             raise GGXFormatError(f"{self.path}: cannot map the file ({e})") from None
-        self.metadata, infos = read_header(self._map, self.path)
+        #: the whole file, mapped copy-on-write (page-aligned start): what mapped weights view
+        self.memory = np.frombuffer(self._mmap, dtype=np.uint8)
+        header = self.memory.view()
+        header.flags.writeable = False  # TensorInfo.data: read-only views
+        self.metadata, infos = read_header(header, self.path)
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in infos}
+
+    def check_unchanged(self) -> None:
+        """GGXStateError when the file was written, truncated or touched since it was opened
+        (its size, modification time or inode differ): its mapped bytes can no longer be
+        trusted, and reading a truncated page would kill the process."""
+        try:
+            now = os.fstat(self._file.fileno())
+        except (OSError, ValueError) as e:
+            raise GGXStateError(f"{self.path}: the model file cannot be checked any more ({e}); "
+                                "load the model again") from None
+        was = self._stat
+        if (now.st_size, now.st_mtime_ns, now.st_ino, now.st_dev) != \
+                (was.st_size, was.st_mtime_ns, was.st_ino, was.st_dev):
+            change = f"its size went from {was.st_size} to {now.st_size} bytes" if now.st_size != was.st_size \
+                else "it was modified"
+            raise GGXStateError(f"{self.path}: the model file changed since it was loaded ({change}); the weights "
+                                "mapped from it are no longer valid: load the model again (a file that may change "
+                                "under a running model is better loaded with use_mmap=False)")
+
+    def release(self, start: int, nbytes: int) -> None:
+        """Let the process's resident memory go of the file's pages inside bytes
+        [start, start + nbytes) (madvise DONTNEED; whole pages inside the range only). They stay
+        in the page cache, and a mapped view that reads them again faults them back in: for
+        bytes a loader has copied, so that they do not count twice."""
+        lo = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = (start + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > lo and hasattr(self._mmap, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def get(self, key: str, kind: type | tuple[type, ...] | None = None, default: Any = ...) -> Any:
         """Metadata value of `key`; GGXFormatError when it is missing (and no default) or of the wrong kind."""
@@ -276,4 +322,4 @@ class GGUFFile:
 
     @property
     def file_size(self) -> int:
-        return len(self._map)
+        return len(self.memory)

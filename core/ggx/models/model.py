@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import GGXContextOverflow, GGXShapeError, GGXStateError, GGXValueError
 from ..graph import Context, Graph, build_graph
 from ..placement import LayerSplit, PlacementReport, check_tensor_split, layer_split
+from ..progress import compile_seconds
 from ..tensor import Tensor
 from .architectures import read_hparams
 from .blocks import BatchShape, ModelInputs
@@ -50,6 +51,11 @@ class Stats:
     """Timings of the last generate call (seconds), what ran where, and why generation stopped."""
 
     load_s: float = 0.0
+    #: where the load's time went (seconds): "file" (header, metadata, tokenizer), "devices"
+    #: (plugins, backends), "weights" (placed, mapped or copied), "preparation" (the warm-up:
+    #: graphs built, planned and bound, kernels run once); "kernels" is the part of those spent
+    #: loading kernels from the disk cache or compiling them
+    load_split: dict[str, float] = field(default_factory=dict)
     prompt_tokens: int = 0  # tokens of the prompt, evaluated in one go (timed in prompt_s)
     prompt_s: float = 0.0
     gen_tokens: int = 0  # generated tokens evaluated by decode steps (timed in gen_s)
@@ -99,9 +105,11 @@ class Model:
     the sequence rule above still applies between them.
 
     `placement` says where the weights went (ggx.placement.PlacementReport); `n_ctx` is the
-    context length; `encode_prompt` tokenizes a prompt and checks that it fits. Loading ends
-    with `warmup` (unless `warmup=False`). A prompt runs as a batch of `prompt_bucket` tokens
-    (padded), so prompts of nearby lengths reuse one kept graph.
+    context length; `encode_prompt` tokenizes a prompt and checks that it fits. Weights in plain
+    host memory are views of the file's memory map (`use_mmap=False` copies them: for a file that
+    may change while the model runs; a changed file makes the next evaluation raise
+    GGXStateError). Loading ends with `warmup` (unless `warmup=False`). A prompt runs as a batch
+    of `prompt_bucket` tokens (padded), so prompts of nearby lengths reuse one kept graph.
 
     The layers are split over the runner's split devices (llama.cpp's split mode LAYER): the
     devices given, in order, or by default the non-CPU devices (the host device when there is
@@ -114,8 +122,10 @@ class Model:
     def __init__(self, path: str | Path, devices: Sequence[str] | None = None, n_threads: int | None = None,
                  n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH, flash_attn: bool = True,
                  progress: bool = False, host_experts: bool = False, fuse: bool = True,
-                 tensor_split: Sequence[float] | None = None, swa_full: bool = False, warmup: bool = True):
+                 tensor_split: Sequence[float] | None = None, swa_full: bool = False, warmup: bool = True,
+                 use_mmap: bool = True):
         t0 = time.perf_counter()
+        kernels0 = compile_seconds()
         if n_ctx is not None and n_ctx <= 0:
             raise GGXValueError(f"n_ctx must be positive, got {n_ctx}")
         if n_batch <= 0:
@@ -128,15 +138,21 @@ class Model:
         self.tokenizer = Tokenizer.from_gguf(self.file)
         if self.tokenizer.n_vocab != self.hp.n_vocab:
             raise GGXShapeError(f"{self.path}: tokenizer has {self.tokenizer.n_vocab} tokens, model {self.hp.n_vocab}")
+        t_file = time.perf_counter()
         self.runner = Runner(devices, n_threads, moe=self.hp.n_expert > 0)
         #: which device runs each layer and the output (checked before any weight is loaded)
         self.layer_split: LayerSplit = layer_split(self.hp.n_layer, self.runner.split_devices, tensor_split)
+        t_devices = time.perf_counter()
         bufts = split_bufts(self.layer_split, self.runner.host, self.runner.layer_bufts)
         loaded = load_weights(self.file, self.hp, self.arch.expected_tensors(self.hp), bufts,
                               self.runner.host.buffer_type(),
                               progress=progress, host_experts=host_experts, fuse=fuse,
-                              candidates=self.runner.weight_bufts)
+                              candidates=self.runner.weight_bufts, use_mmap=use_mmap)
         self.weights, self.weight_buffers = loaded.tensors, loaded.buffers
+        #: bytes of weights that are views of the file (`use_mmap`): every evaluation first checks
+        #: that the file is unchanged (GGUFFile.check_unchanged), as reading a truncated map kills
+        #: the process
+        self.mapped_nbytes = loaded.mapped_nbytes
         self.placement: PlacementReport = loaded.placement
         self.n_ctx = min(n_ctx or DEFAULT_N_CTX, self.hp.n_ctx_train)
         self.n_batch = n_batch
@@ -151,9 +167,13 @@ class Model:
         self._owner: object | None = None  # the generate() iterator whose sequence the cache holds
         self._last_use = "load"  # what changed the cache last, for the stale-iterator message
         self._chat_template: ChatTemplate | None = None
+        t_weights = time.perf_counter()
         if warmup:
             self.warmup()
-        self.stats = Stats(load_s=time.perf_counter() - t0)
+        t_end = time.perf_counter()
+        self.stats = Stats(load_s=t_end - t0, load_split={
+            "file": t_file - t0, "devices": t_devices - t_file, "weights": t_weights - t_devices,
+            "preparation": t_end - t_weights, "kernels": compile_seconds() - kernels0})
 
     def warmup(self) -> None:
         """Get the first prompts ready at load time (`warmup=True`): size the compute buffers for
@@ -257,6 +277,8 @@ class Model:
         return ids
 
     def _eval(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
+        if self.mapped_nbytes:
+            self.file.check_unchanged()
         outs = []
         for start in range(0, ids.size, self.n_batch):
             batch = ids[start: start + self.n_batch]

@@ -3,9 +3,16 @@
 Each weight gets the first buffer type of the model's list (accelerator, its host type, extra
 buffer types such as repack/AMX, plain CPU) whose device supports a representative op reading
 the weight from it (ggml's select_buft): mul_mat for matrices, get_rows for the token
-embedding, mul for norms, mul_mat_id for expert stacks. Weights of one buffer type share one
-buffer. The bytes are copied from the memory map with set_tensor, so buffer types that transform
-weights (repack) see the whole tensor at offset 0.
+embedding, mul for norms, mul_mat_id for expert stacks.
+
+Weights a device's own plain host buffer type takes are mapped, not copied (ggml's CPU_Mapped,
+`use_mmap`): the device wraps the file's memory map with `buffer_from_host_ptr`, and each such
+weight is a view of its bytes in the file, read from the page cache on demand. The others
+(transformed by an extra buffer type, fused from several tensors, on a device with memory of its
+own, or everything with `use_mmap=False`) share one buffer per buffer type and are copied from the
+map with set_tensor (whole tensors at offset 0: buffer types that transform weights see them
+whole); the file's pages they were copied from are let go of (`GGUFFile.release`), so a weight
+does not count twice in the process's resident memory.
 
 A model split over several devices (`placement.layer_split`) gives each weight its own list:
 `split_bufts` maps a weight to its layer by the `blk.{il}.` of its name, so a layer's weights
@@ -20,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import Buffer, BufferType, Device
+from ..backend import Buffer, BufferType, BufferUsage, Device
 from ..graph import Context
 from ..placement import LayerSplit, PlacementReport, alloc_weights, select_buft
 from ..tensor import Tensor, TensorFlag
@@ -38,6 +45,8 @@ def representative_op(w: Tensor, name: str, hp: HParams) -> Tensor:
     ctx = Context()
     if name.endswith("norm.weight"):
         return ctx.mul(ctx.tensor(GType.F32, [w.ne[0], _REPR_TOKENS]), w)
+    if name.endswith(".bias"):
+        return ctx.add(ctx.tensor(GType.F32, [w.ne[0], _REPR_TOKENS]), w)
     if name == "token_embd.weight":  # read by get_rows (and, when tied, by the output mul_mat too)
         return ctx.get_rows(w, ctx.tensor(GType.I32, [_REPR_TOKENS]))
     if name.endswith("_exps.weight"):
@@ -90,19 +99,34 @@ def split_bufts(split: LayerSplit, host: Device, bufts_of: Callable[[Device], Se
     return of
 
 
+#: file offsets of mapped weights must be multiples of this (ggml's TENSOR_ALIGNMENT; GGUF's
+#: default alignment): a view at an odd offset would give kernels misaligned elements
+MAPPED_ALIGNMENT = 32
+
+
 @dataclass
 class Weights:
     """A model's weights in device buffers, and where they went."""
 
     tensors: dict[str, Tensor]  # name -> leaf; a tied output is the embedding's tensor or its copy
-    buffers: list[Buffer]  # one WEIGHTS buffer per buffer type used
+    buffers: list[Buffer]  # one WEIGHTS buffer per buffer type used, and one per device mapping the file
     placement: PlacementReport
+    #: bytes of weights that are views of the file's memory map (not copied)
+    mapped_nbytes: int = 0
+
+
+def mappable(buft: BufferType) -> bool:
+    """Can weights placed in `buft` be views of the file's map? Its device's own plain host
+    buffer type, on a device that wraps host memory (ggml: is_default_buft and
+    buffer_from_host_ptr supported)."""
+    dev = buft.device
+    return buft.is_host and dev.caps.buffer_from_host_ptr and buft is dev.buffer_type()
 
 
 def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
                  bufts: Sequence[BufferType] | BuftsOf, host_buft: BufferType,
                  progress: bool = False, host_experts: bool = False, fuse: bool = True,
-                 candidates: Sequence[BufferType] | None = None) -> Weights:
+                 candidates: Sequence[BufferType] | None = None, use_mmap: bool = True) -> Weights:
     """Every tensor the graph reads (`expected`: name -> ne, the architecture's list), as
     leaves in device buffers.
 
@@ -121,6 +145,8 @@ def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
     Otherwise "output.weight" is the embedding tensor itself.
     `host_experts` keeps MoE expert stacks in host memory (llama.cpp's --cpu-moe): a MUL_MAT_ID
     offloaded to an accelerator then gets only the experts it uses, through the copy callback.
+    `use_mmap` maps the weights a plain host buffer type takes (see the module docstring); the
+    file must then stay unchanged while the weights are used (`GGUFFile.check_unchanged`).
     """
     fused = fused_sources(f, hp) if fuse else {}
     replaced = {n for parts in fused.values() for n in parts}
@@ -161,15 +187,43 @@ def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
         weights[name] = t
         placed_in[name] = buft
         placed.append((t, buft))
-    buffers = alloc_weights(placed)
-    loads = {id(t): (name, t) for name, t in weights.items()}.values()  # a shared tensor loads once
+    mapped = [(t, b) for t, b in placed if use_mmap and _maps(f, sources[t.name], b)]
+    copied = [(t, b) for t, b in placed if not any(t is m for m, _ in mapped)]
+    buffers = _map_weights(f, mapped, sources) + alloc_weights(copied)
+    loads = {id(t): (t.name, t) for t, _ in copied}.values()  # a shared tensor loads once
     with _progress(progress, sum(t.nbytes for _, t in loads), f"loading {len(loads)} tensors") as advance:
         for name, t in loads:
-            parts = [f.tensor(p).data for p in sources[name]]
+            infos = [f.tensor(p) for p in sources[name]]
+            parts = [i.data for i in infos]
             # whole tensors at offset 0 (repacking buffer types transform what they receive)
             t.buffer.set_tensor(t, parts[0] if len(parts) == 1 else np.concatenate(parts), 0)
+            for i in infos:
+                f.release(i.offset, i.nbytes)
             advance(t.nbytes)
-    return Weights(weights, buffers, PlacementReport.of(placed, seen if candidates is None else candidates, refusals))
+    return Weights(weights, buffers, PlacementReport.of(placed, seen if candidates is None else candidates, refusals),
+                   sum(t.nbytes for t, _ in mapped))
+
+
+def _maps(f: GGUFFile, parts: tuple[str, ...], buft: BufferType) -> bool:
+    """Is the weight made of `parts` (file tensors) a view of the file in `buft`? One part
+    (a fused weight is a copy), at an aligned offset, in a mappable buffer type."""
+    return len(parts) == 1 and f.tensor(parts[0]).offset % MAPPED_ALIGNMENT == 0 and mappable(buft)
+
+
+def _map_weights(f: GGUFFile, mapped: Sequence[tuple[Tensor, BufferType]],
+                 sources: dict[str, tuple[str, ...]]) -> list[Buffer]:
+    """Per device, one buffer wrapping the whole file map (`buffer_from_host_ptr`); each weight
+    placed at its bytes' offset in the file."""
+    buffers: dict[int, Buffer] = {}
+    for t, buft in mapped:
+        buf = buffers.get(id(buft))
+        if buf is None:
+            largest = max(u.nbytes for u, b in mapped if b is buft)
+            buf = buffers[id(buft)] = buft.device.buffer_from_host_ptr(f.memory, largest)
+            buf.usage = BufferUsage.WEIGHTS
+        t.buffer, t.offset = buf, f.tensor(sources[t.name][0]).offset
+        buf.init_tensor(t)
+    return list(buffers.values())
 
 
 class _progress:
