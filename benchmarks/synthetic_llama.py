@@ -1,21 +1,34 @@
-"""Write a synthetic llama GGUF of a chosen size: random weights, a real vocabulary, for speed
-comparisons at scale (the weights are noise, so the text it generates is too).
+"""Write a synthetic GGUF of a chosen architecture and size: random weights, a real vocabulary,
+for speed comparisons at scale and for logit checks against llama.cpp (the weights are noise,
+so the text it generates is too).
 
-    python benchmarks/synthetic_llama.py OUT.gguf [--type q4_0] [--n-embd 2048] [--n-ff 8192]
-        [--n-layer 16] [--n-head 32] [--n-head-kv 8] [--vocab-from FILE.gguf] [--seed 0]
+    python benchmarks/synthetic_llama.py OUT.gguf [--arch llama|qwen2|qwen3|qwen3moe] [--type q4_0]
+        [--n-embd 2048] [--n-ff 8192] [--n-layer 16] [--n-head 32] [--n-head-kv 8] [--head-dim D]
+        [--n-expert 0] [--n-expert-used 0] [--unit-scale] [--vocab-from FILE.gguf] [--seed 0]
 
 The defaults are the dimensions of a 1B llama (~1.07 B parameters with the tied embedding).
+Architectures: llama; qwen2 (Q/K/V biases); qwen3 (Q/K norms per head, a head size --head-dim
+that need not be n_embd / n_head); qwen3moe (qwen3's attention, --n-expert experts of --n-ff
+each, --n-expert-used per token). Qwen files get RoPE base 1e6, as the real ones.
+
 The vocabulary and tokenizer metadata are copied from --vocab-from (default: the SmolLM2 file of
 the default model). As llama-quantize does for such files, the tied token embedding is Q8_0,
-every other matrix --type (q4_0, q4_1, q5_0, q8_0, q4_K, q6_K or f16), the norms F32. Weights are
-normal with std 0.02 (norm weights 1), quantized with ggx's bit-exact quantizers and written
-with `gguf.GGUFWriter`. Needs ~1 GB of memory and about a minute for the default size.
+every other matrix --type (q4_0, q4_1, q5_0, q8_0, q4_K, q6_K, f16 or f32), norms, biases and
+routers F32; `--type f16` / `f32` give a source for llama-quantize (e.g. to Q4_K_M). Weights are
+normal with std 0.02 (norm weights 1), or with `--unit-scale` of std 1/sqrt(fan-in) (the
+embedding 1/sqrt(n_embd): logits of std ~1, and every layer changes them as much as the
+embedding does, which a logit check needs), quantized with ggx's bit-exact quantizers and
+written with `gguf.GGUFWriter`. The values depend only on the seed, the dimensions and the
+vocabulary size: `write` with `types` remakes, byte for byte, a file llama-quantize made from
+such a source. Needs ~1 GB of memory and about a minute for the default size.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
@@ -24,24 +37,112 @@ from ggx.quants import quantize
 from ggx.types import GType
 
 TYPES = {"q4_0": GType.Q4_0, "q4_1": GType.Q4_1, "q5_0": GType.Q5_0, "q8_0": GType.Q8_0, "q4_K": GType.Q4_K,
-         "q6_K": GType.Q6_K, "f16": GType.F16}
+         "q6_K": GType.Q6_K, "f16": GType.F16, "f32": GType.F32}
 #: llama.cpp's LLAMA_FTYPE of each weight type (general.file_type)
-FILE_TYPE = {"q4_0": 2, "q4_1": 3, "q5_0": 8, "q8_0": 7, "q4_K": 15, "q6_K": 18, "f16": 1}
+FILE_TYPE = {"q4_0": 2, "q4_1": 3, "q5_0": 8, "q8_0": 7, "q4_K": 15, "q6_K": 18, "f16": 1, "f32": 0}
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")
 #: metadata copied from the vocabulary's file
 VOCAB_KEYS = ("tokenizer.", "general.quantization_version")
-CHUNK_ROWS = 4096  # rows quantized at a time (bounds the float32 scratch)
+CHUNK_ROWS = 4096  # rows drawn and quantized at a time (bounds the float32 scratch)
 
 
-def _matrix(rng: np.random.Generator, rows: int, cols: int, gtype: GType) -> tuple[np.ndarray, GGMLQuantizationType]:
-    """A [rows, cols] weight (numpy order) of random values in gtype: raw block bytes, or F16."""
-    if gtype is GType.F16:
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16), \
-            GGMLQuantizationType.F16
-    parts = []
+@dataclass(frozen=True)
+class Dims:
+    arch: str = "llama"
+    n_embd: int = 2048
+    n_ff: int = 8192  # the experts' width for qwen3moe
+    n_layer: int = 16
+    n_head: int = 32
+    n_head_kv: int = 8
+    head_dim: int | None = None  # None: n_embd / n_head
+    n_expert: int = 0
+    n_expert_used: int = 0
+    unit_scale: bool = False
+
+    @property
+    def d(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
+
+    def check(self, gtype: GType) -> None:
+        if self.arch not in ARCHS:
+            raise SystemExit(f"unknown architecture {self.arch!r} (one of {', '.join(ARCHS)})")
+        moe = self.arch == "qwen3moe"
+        if moe != (self.n_expert > 0) or (moe and not 1 <= self.n_expert_used <= self.n_expert):
+            raise SystemExit("qwen3moe (and only it) needs --n-expert > 0 and 1 <= --n-expert-used <= --n-expert")
+        if self.head_dim is None and self.n_embd % self.n_head or self.n_head % self.n_head_kv:
+            raise SystemExit(f"heads do not fit: n_embd {self.n_embd}, heads {self.n_head}/{self.n_head_kv}")
+        if any(n % gtype.block_size for n in (self.n_embd, self.n_ff, self.d * self.n_head)):
+            raise SystemExit(f"rows of {self.n_embd}, {self.n_ff} and {self.d * self.n_head} values do not fit "
+                             f"{gtype.name} blocks of {gtype.block_size}")
+
+
+#: what a tensor is: the embedding, a matrix (weight, expert stack), or a vector (norm, bias)
+Spec = tuple[str, tuple[int, ...], str]
+
+
+def tensor_specs(dims: Dims, n_vocab: int) -> list[Spec]:
+    """Every tensor in file order: name, numpy shape (rows last-but-one, row length last), role."""
+    e, ff, d = dims.n_embd, dims.n_ff, dims.d
+    q, kv = d * dims.n_head, d * dims.n_head_kv
+    specs: list[Spec] = [("token_embd.weight", (n_vocab, e), "embd"), ("output_norm.weight", (e,), "norm")]
+    for il in range(dims.n_layer):
+        b = f"blk.{il}."
+        specs += [(b + "attn_norm.weight", (e,), "norm"), (b + "ffn_norm.weight", (e,), "norm")]
+        specs += [(b + "attn_q.weight", (q, e), "weight"), (b + "attn_k.weight", (kv, e), "weight"),
+                  (b + "attn_v.weight", (kv, e), "weight"), (b + "attn_output.weight", (e, q), "weight")]
+        if dims.arch == "qwen2":
+            specs += [(b + "attn_q.bias", (q,), "bias"), (b + "attn_k.bias", (kv,), "bias"),
+                      (b + "attn_v.bias", (kv,), "bias")]
+        if dims.arch in ("qwen3", "qwen3moe"):
+            specs += [(b + "attn_q_norm.weight", (d,), "norm"), (b + "attn_k_norm.weight", (d,), "norm")]
+        if dims.n_expert:
+            x = dims.n_expert
+            specs += [(b + "ffn_gate_inp.weight", (x, e), "router"), (b + "ffn_gate_exps.weight", (x, ff, e), "weight"),
+                      (b + "ffn_up_exps.weight", (x, ff, e), "weight"),
+                      (b + "ffn_down_exps.weight", (x, e, ff), "weight")]
+        else:
+            specs += [(b + "ffn_gate.weight", (ff, e), "weight"), (b + "ffn_up.weight", (ff, e), "weight"),
+                      (b + "ffn_down.weight", (e, ff), "weight")]
+    return specs
+
+
+def default_type(name: str, role: str, wtype: GType) -> GType:
+    """llama-quantize's choice for such a file with one weight type: Q8_0 embedding, F32 vectors
+    and routers, `wtype` for the rest (a float source keeps its type everywhere)."""
+    if role in ("norm", "bias", "router"):
+        return GType.F32
+    if role == "embd" and wtype not in (GType.F16, GType.F32):
+        return GType.Q8_0
+    return wtype
+
+
+def values(rng: np.random.Generator, shape: tuple[int, ...], role: str, dims: Dims) -> Iterator[np.ndarray]:
+    """The float32 values of one tensor, CHUNK_ROWS rows at a time (numpy order, last axis rows)."""
+    if role == "norm":
+        yield (1.0 + (0.1 * rng.standard_normal(shape, dtype=np.float32) if dims.unit_scale else 0.0)) \
+            .astype(np.float32) * np.ones(shape, np.float32)
+        return
+    if role == "bias":
+        yield rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5 if dims.unit_scale else 0.02)
+        return
+    cols = shape[-1]
+    std = np.float32(1.0 / np.sqrt(dims.n_embd if role == "embd" else cols) if dims.unit_scale else 0.02)
+    rows = int(np.prod(shape[:-1]))
     for r in range(0, rows, CHUNK_ROWS):
-        x = rng.standard_normal((min(CHUNK_ROWS, rows - r), cols), dtype=np.float32) * np.float32(0.02)
-        parts.append(quantize(x, gtype).reshape(x.shape[0], -1))
-    return np.concatenate(parts), GGMLQuantizationType[gtype.name]
+        yield rng.standard_normal((min(CHUNK_ROWS, rows - r), cols), dtype=np.float32) * std
+
+
+def _encoded(chunks: Iterator[np.ndarray], shape: tuple[int, ...],
+             gtype: GType) -> tuple[np.ndarray, GGMLQuantizationType]:
+    """The tensor's bytes in gtype (F32 and F16 as numbers, the rest as ggml blocks)."""
+    if gtype is GType.F32:
+        data = np.concatenate([c.reshape(-1) for c in chunks])
+    elif gtype is GType.F16:
+        data = np.concatenate([c.reshape(-1).astype(np.float16) for c in chunks])
+    else:
+        parts = [quantize(c.reshape(-1, shape[-1]), gtype) for c in chunks]
+        return np.concatenate(parts).reshape(*shape[:-1], -1), GGMLQuantizationType[gtype.name]
+    return data.reshape(shape), GGMLQuantizationType[gtype.name]
 
 
 def _copy_vocab(src: GGUFReader, w: GGUFWriter) -> int:
@@ -57,46 +158,44 @@ def _copy_vocab(src: GGUFReader, w: GGUFWriter) -> int:
     return len(src.fields["tokenizer.ggml.tokens"].contents())
 
 
-def write(out: str, wtype: str, n_embd: int, n_ff: int, n_layer: int, n_head: int, n_head_kv: int,
-          vocab_from: str, seed: int) -> None:
+def write(out: str, dims: Dims, vocab_from: str, seed: int, wtype: str = "q4_0",
+          types: Callable[[str, str], GType] | None = None, progress: bool = True) -> None:
+    """Write the file; `types(name, role)` overrides the type of each tensor (default
+    `default_type` with --type)."""
     gtype = TYPES[wtype]
-    head_dim = n_embd // n_head
-    if n_embd % n_head or n_head % n_head_kv or n_embd % gtype.block_size or n_ff % gtype.block_size:
-        raise SystemExit(f"dimensions do not fit: n_embd {n_embd}, n_ff {n_ff}, heads {n_head}/{n_head_kv}, "
-                         f"{wtype} blocks of {gtype.block_size}")
+    dims.check(gtype)
     rng = np.random.default_rng(seed)
-    w = GGUFWriter(out, "llama")
-    w.add_name(f"synthetic llama {n_layer}x{n_embd}")
-    w.add_block_count(n_layer)
+    w = GGUFWriter(out, dims.arch)
+    w.add_name(f"synthetic {dims.arch} {dims.n_layer}x{dims.n_embd}")
+    w.add_block_count(dims.n_layer)
     w.add_context_length(4096)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(head_dim)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_embedding_length(dims.n_embd)
+    w.add_feed_forward_length(dims.n_ff)
+    w.add_head_count(dims.n_head)
+    w.add_head_count_kv(dims.n_head_kv)
+    if dims.head_dim is not None:
+        w.add_key_length(dims.head_dim)
+        w.add_value_length(dims.head_dim)
+    if dims.n_expert:
+        w.add_expert_count(dims.n_expert)
+        w.add_expert_used_count(dims.n_expert_used)
+        w.add_expert_feed_forward_length(dims.n_ff)
+    w.add_rope_freq_base(10000.0 if dims.arch == "llama" else 1e6)
+    w.add_rope_dimension_count(dims.d)
+    w.add_layer_norm_rms_eps(1e-6 if dims.arch != "llama" else 1e-5)
     w.add_file_type(FILE_TYPE[wtype])
     n_vocab = _copy_vocab(GGUFReader(vocab_from), w)
     w.add_vocab_size(n_vocab)
-    kv = n_embd // n_head * n_head_kv
     started = time.perf_counter()
-    data, raw = _matrix(rng, n_vocab, n_embd, GType.Q8_0)
-    w.add_tensor("token_embd.weight", data, raw_dtype=raw)
-    ones = np.ones(n_embd, np.float32)
-    w.add_tensor("output_norm.weight", ones)
-    for il in range(n_layer):
-        b = f"blk.{il}."
-        w.add_tensor(b + "attn_norm.weight", ones)
-        w.add_tensor(b + "ffn_norm.weight", ones)
-        for name, rows, cols in (("attn_q", n_embd, n_embd), ("attn_k", kv, n_embd), ("attn_v", kv, n_embd),
-                                 ("attn_output", n_embd, n_embd), ("ffn_gate", n_ff, n_embd),
-                                 ("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff)):
-            data, raw = _matrix(rng, rows, cols, gtype)
-            w.add_tensor(b + name + ".weight", data, raw_dtype=raw)
-        took = time.perf_counter() - started
-        print(f"\rlayer {il + 1}/{n_layer} ({took:.0f} s)", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+    for i, (name, shape, role) in enumerate(specs := tensor_specs(dims, n_vocab)):
+        t = types(name, role) if types is not None else default_type(name, role, gtype)
+        data, raw = _encoded(values(rng, shape, role, dims), shape, t)
+        w.add_tensor(name, data, raw_dtype=raw)
+        if progress:
+            print(f"\rtensor {i + 1}/{len(specs)} ({time.perf_counter() - started:.0f} s)", end="", file=sys.stderr,
+                  flush=True)
+    if progress:
+        print(file=sys.stderr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -106,12 +205,17 @@ def write(out: str, wtype: str, n_embd: int, n_ff: int, n_layer: int, n_head: in
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
+    ap.add_argument("--arch", default="llama", choices=ARCHS)
     ap.add_argument("--type", default="q4_0", choices=sorted(TYPES))
     ap.add_argument("--n-embd", type=int, default=2048)
-    ap.add_argument("--n-ff", type=int, default=8192)
+    ap.add_argument("--n-ff", type=int, default=8192, help="the FFN width (each expert's for qwen3moe)")
     ap.add_argument("--n-layer", type=int, default=16)
     ap.add_argument("--n-head", type=int, default=32)
     ap.add_argument("--n-head-kv", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=None, help="head size (default n_embd / n_head)")
+    ap.add_argument("--n-expert", type=int, default=0)
+    ap.add_argument("--n-expert-used", type=int, default=0)
+    ap.add_argument("--unit-scale", action="store_true", help="weights of std 1/sqrt(fan-in) (logit checks)")
     ap.add_argument("--vocab-from", default=None, help="GGUF file whose vocabulary to copy (default: SmolLM2)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -120,8 +224,9 @@ def main() -> int:
         from ggx.models.model import default_model_path
 
         vocab_from = str(default_model_path())
-    write(args.out, args.type, args.n_embd, args.n_ff, args.n_layer, args.n_head, args.n_head_kv, vocab_from,
-          args.seed)
+    dims = Dims(args.arch, args.n_embd, args.n_ff, args.n_layer, args.n_head, args.n_head_kv, args.head_dim,
+                args.n_expert, args.n_expert_used, args.unit_scale)
+    write(args.out, dims, vocab_from, args.seed, args.type)
     return 0
 
 

@@ -36,9 +36,9 @@ class Architecture:
 
 
 def _table() -> dict[str, Architecture]:
-    from . import gemma3, llama
+    from . import gemma3, llama, qwen2, qwen3, qwen3moe
 
-    return {a.name: a for a in (llama.ARCH, gemma3.ARCH)}
+    return {a.name: a for a in (llama.ARCH, gemma3.ARCH, qwen2.ARCH, qwen3.ARCH, qwen3moe.ARCH)}
 
 
 ARCHITECTURES: dict[str, Architecture] = _table()

@@ -132,20 +132,26 @@ def _qkv_roped(ctx: Context, hp: HParams, w: dict[str, Tensor], il: int, cur: Te
     """Roped q [D, n_head, T] and k [D, n_head_kv, T] (rows contiguous, maybe strided), v [n_embd_kv, T].
 
     With the fused weight (rows q | k | v) one product gives all three as views of its result;
-    without Q/K norms q and k are adjacent heads of it, so one rope over [D, n_head + n_head_kv, T]
-    rotates both.
+    without Q/K norms and biases q and k are adjacent heads of it, so one rope over
+    [D, n_head + n_head_kv, T] rotates both. Biases (Qwen 2: blk.{il}.attn_{q,k,v}.bias) are
+    added to the products, before the heads are roped.
     """
     D, b = hp.head_dim, f"blk.{il}."
     qkv_w = w.get(b + "attn_qkv.weight")
     qk_norm = b + "attn_q_norm.weight" in w
+    bias = b + "attn_q.bias" in w
     if qkv_w is None:
-        q = ctx.reshape(ctx.mul_mat(w[b + "attn_q.weight"], cur), [D, hp.n_head, n_tokens])
-        k = ctx.reshape(ctx.mul_mat(w[b + "attn_k.weight"], cur), [D, hp.n_head_kv, n_tokens])
+        q = ctx.mul_mat(w[b + "attn_q.weight"], cur)
+        k = ctx.mul_mat(w[b + "attn_k.weight"], cur)
         v = ctx.mul_mat(w[b + "attn_v.weight"], cur)
+        if bias:
+            q, k, v = (ctx.add(x, w[b + f"attn_{n}.bias"]) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+        q = ctx.reshape(q, [D, hp.n_head, n_tokens])
+        k = ctx.reshape(k, [D, hp.n_head_kv, n_tokens])
     else:
         qkv = ctx.mul_mat(qkv_w, cur)  # [n_embd_q + 2 n_embd_kv, T]
         v = ctx.view(qkv, [hp.n_embd_kv, n_tokens], [qkv.nb[1]], (hp.n_embd_q + hp.n_embd_kv) * F32_SIZE)
-        if not qk_norm:
+        if not qk_norm and not bias:
             qk = _rope(ctx, hp, il, ctx.view(qkv, [D, hp.n_head + hp.n_head_kv, n_tokens], [D * F32_SIZE, qkv.nb[1]]),
                        pos)
             q = ctx.view(qk, [D, hp.n_head, n_tokens], [D * F32_SIZE, qk.nb[2]], 0)
@@ -153,6 +159,10 @@ def _qkv_roped(ctx: Context, hp: HParams, w: dict[str, Tensor], il: int, cur: Te
             return q, k, v
         q = ctx.view(qkv, [D, hp.n_head, n_tokens], [D * F32_SIZE, qkv.nb[1]], 0)
         k = ctx.view(qkv, [D, hp.n_head_kv, n_tokens], [D * F32_SIZE, qkv.nb[1]], hp.n_embd_q * F32_SIZE)
+        if bias:  # over the strided views: the bias of a head's D values repeats over the tokens
+            q = ctx.add(q, ctx.reshape(w[b + "attn_q.bias"], [D, hp.n_head]))
+            k = ctx.add(k, ctx.reshape(w[b + "attn_k.bias"], [D, hp.n_head_kv]))
+            v = ctx.add(v, w[b + "attn_v.bias"])
     if qk_norm:  # per head: rms_norm normalizes each row of D values
         q = norm(ctx, hp, q, w[b + "attn_q_norm.weight"])
         k = norm(ctx, hp, k, w[b + "attn_k_norm.weight"])

@@ -89,8 +89,9 @@ class MetadataReader:
         return self.real(key, default, "the RoPE base must be a finite number > 0",
                          lambda v: math.isfinite(v) and v > 0)
 
-    def common(self) -> dict:
-        """The fields every transformer shares, checked, as HParams keyword arguments."""
+    def common(self, n_ff_default: int | None = None) -> dict:
+        """The fields every transformer shares, checked, as HParams keyword arguments
+        (`n_ff_default`: feed_forward_length may be left out, a MoE's experts having their own)."""
         f, arch, u = self.f, self.arch, self.count
         n_embd, n_head = u("embedding_length", least=1), u("attention.head_count", least=1)
         if f.get(f"{arch}.attention.key_length", int, None) is None and n_embd % n_head:
@@ -116,7 +117,9 @@ class MetadataReader:
                                  f"the head size {head_dim}")
         return dict(
             arch=arch, n_vocab=n_vocab, n_embd=n_embd, n_layer=u("block_count", least=1), n_head=n_head,
-            n_head_kv=n_head_kv, n_ff=u("feed_forward_length", least=1), head_dim=head_dim, n_rot=n_rot,
+            n_head_kv=n_head_kv,
+            n_ff=u("feed_forward_length", ..., least=1) if n_ff_default is None
+            else u("feed_forward_length", n_ff_default), head_dim=head_dim, n_rot=n_rot,
             rope_freq_base=self.rope_base("rope.freq_base", 10000.0),
             # rms_norm asserts eps >= 0 (NaN fails it too)
             rms_eps=self.real("attention.layer_norm_rms_epsilon", 1e-5,
@@ -148,3 +151,5 @@ def check_tensors(f: GGUFFile, expected: dict[str, tuple[int, ...]]) -> None:
             raise GGXFormatError(f"{f.path}: norm tensor {name!r} is {t.type.name}, expected F32")
         if name.endswith("gate_inp.weight") and t.type is not GType.F32:
             raise GGXFormatError(f"{f.path}: router {name!r} is {t.type.name}, expected F32")
+        if name.endswith(".bias") and t.type is not GType.F32:
+            raise GGXFormatError(f"{f.path}: bias {name!r} is {t.type.name}, expected F32")
