@@ -151,6 +151,7 @@ class CompareReport:
     logits: list[LogitsRow] = field(default_factory=list)
     graphs: GraphsCheck | None = None
     isolated: bool = True
+    weights: dict[str, str] = field(default_factory=dict)  # "a"/"b" -> where that run's weights went
 
     @property
     def first_isolated(self) -> NodeResult | None:
@@ -175,6 +176,7 @@ class CompareReport:
         """The lines `ggx compare` prints."""
         out = [f"{self.model}: {self.b} against {self.a}, {self.n_prompt} prompt tokens + "
                f"{len(self.tokens) - self.n_prompt} forced"]
+        out += [f"weights of {getattr(self, side)}: {where}" for side, where in self.weights.items()]
         steps = sorted({n.step for n in self.nodes})
         for s in steps:
             ns = [n for n in self.nodes if n.step == s]
@@ -206,7 +208,7 @@ class CompareReport:
     def to_dict(self) -> dict:
         first, acc = self.first_isolated, self.first_accumulated
         return {"model": self.model, "a": self.a, "b": self.b, "tokens": self.tokens, "n_prompt": self.n_prompt,
-                "ok": self.ok, "first_isolated": first.to_dict() if first else None,
+                "ok": self.ok, "weights": self.weights, "first_isolated": first.to_dict() if first else None,
                 "first_accumulated": acc.to_dict() if acc else None,
                 "logits": [r.to_dict() for r in self.logits],
                 "graphs": self.graphs.to_dict() if self.graphs else None,
@@ -274,9 +276,11 @@ def compare_model(model: str | os.PathLike | None = None, a: str = "ref", b: str
     ma = _load(path, spec_a, n_ctx)
     ids = ma.encode_prompt(prompt)
     report = CompareReport(os.path.basename(path), str(spec_a), str(spec_b), list(ids), len(ids), isolated=isolated)
+    report.weights["a"] = str(ma.placement)
     nodes_a = spec_a != spec_b or not graphs
     if nodes_a:
         mb = _load(path, spec_b, n_ctx)
+        report.weights["b"] = str(mb.placement)
         recompute = Recompute(mb.runner.backends, {t.name: t for t in mb.weights.values()}) if isolated else None
         ra, rb = Recorder(recompute), Recorder()
         ma.runner.sched.eval_callback, mb.runner.sched.eval_callback = ra, rb
