@@ -13,11 +13,17 @@ Shapes (ggml order, T = tokens in the batch, KV = cache slots visible to it, D =
 Every per-call value (token ids, positions, cache slots, the masks, which rows to output) is an
 input tensor's *data*, never a shape: two batches of the same `BatchShape` give the same graph
 key, so the scheduler reuses its plan (the decode loop).
+
+A batch of several sequences (`BatchShape.seqs`, a multi-sequence KVCache: ggx.models.batched)
+holds each sequence's tokens side by side. Everything but attention works on the whole batch
+(row by row); attention runs once per sequence, over its own region of the cache under its own
+mask, as the very op a batch of that sequence alone would run (same shapes, same slots), and the
+per-sequence results are gathered back into one [n_embd_q, T] tensor with set_rows.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,13 +38,32 @@ F32_SIZE = 4
 
 
 @dataclass(frozen=True)
+class SeqShape:
+    """One sequence's part of a multi-sequence batch: its id (the cache region), its tokens and
+    the slots of its region that its attention reads."""
+
+    seq: int
+    n_tokens: int
+    n_kv: int
+    n_kv_swa: int = 0
+
+
+@dataclass(frozen=True)
 class BatchShape:
     """What a batch's graph depends on: everything else is input data."""
 
     n_tokens: int
-    n_kv: int  # visible slots of the full-context layers
+    n_kv: int  # visible slots of the full-context layers (one-sequence batches)
     n_out: int  # rows that get logits: n_tokens, or 1 (the last)
     n_kv_swa: int = 0  # visible slots of the sliding-window layers (0: none)
+    #: the sequences of a multi-sequence batch, in row order (empty: a one-sequence cache)
+    seqs: tuple[SeqShape, ...] = ()
+
+    @staticmethod
+    def of_parts(parts: list[CacheBatch], n_out: int) -> BatchShape:
+        """The shape of a multi-sequence batch planned as `parts` (KVCache.plan per sequence)."""
+        seqs = tuple(SeqShape(p.seq, p.n_tokens, p.n_kv, p.n_kv_swa) for p in parts)
+        return BatchShape(sum(s.n_tokens for s in seqs), 0, n_out, 0, seqs)
 
 
 @dataclass
@@ -48,26 +73,46 @@ class ModelInputs:
     tokens: Tensor  # I32 [T]
     pos: Tensor  # I32 [T]
     kv_idx: Tensor  # I64 [T]: cache slot of each token, full-context layers
-    mask: Tensor  # F16 [KV, T]: 0 where token t may see slot j, -inf elsewhere
+    mask: Tensor | None  # F16 [KV, T]: 0 where token t may see slot j, -inf elsewhere (one sequence)
     out_ids: Tensor | None  # I32 [n_out]: which rows of the batch get logits (None: all)
     kv_idx_swa: Tensor | None = None  # the same for the sliding-window layers
     mask_swa: Tensor | None = None
+    #: a multi-sequence batch: each sequence's masks F16 [KV_s, T_s] (full, sliding-window)
+    seq_masks: list[Tensor] = field(default_factory=list)
+    seq_masks_swa: list[Tensor] = field(default_factory=list)
+    rows: Tensor | None = None  # I32 [T] = 0..T-1: where set_rows gathers each sequence's attention
 
     def all(self) -> list[Tensor]:
         return [t for t in (self.tokens, self.pos, self.kv_idx, self.mask, self.out_ids, self.kv_idx_swa,
-                            self.mask_swa) if t is not None]
+                            self.mask_swa, *self.seq_masks, *self.seq_masks_swa, self.rows) if t is not None]
 
-    def data(self, tokens: np.ndarray, batch: CacheBatch, last: int | None = None) -> dict[Tensor, np.ndarray]:
-        """Each input's data for `tokens` planned as `batch` (the F16 masks as their raw bytes:
-        no round trip through float32 and back); `last`: the row that gets logits when only
-        one does (default the batch's last: a padded batch names its last real token)."""
-        data: dict[Tensor, np.ndarray] = {self.tokens: tokens.astype(np.int32), self.pos: batch.pos,
-                                          self.kv_idx: batch.full.kv_idx, self.mask: batch.full.mask.view(np.uint8)}
+    def data(self, tokens: np.ndarray, batch: CacheBatch | list[CacheBatch],
+             last: int | None = None) -> dict[Tensor, np.ndarray]:
+        """Each input's data for `tokens` planned as `batch` (one sequence's CacheBatch, or a list
+        of them for a multi-sequence batch; the F16 masks as their raw bytes: no round trip
+        through float32 and back); `last`: the row that gets logits when only one does (default
+        the batch's last: a padded batch names its last real token)."""
+        parts = batch if isinstance(batch, list) else [batch]
+        one = parts[0] if len(parts) == 1 else None
+        n_tokens = sum(p.n_tokens for p in parts)
+        data: dict[Tensor, np.ndarray] = {
+            self.tokens: tokens.astype(np.int32),
+            self.pos: one.pos if one else np.concatenate([p.pos for p in parts]),
+            self.kv_idx: one.full.kv_idx if one else np.concatenate([p.full.kv_idx for p in parts])}
+        if self.mask is not None:
+            data[self.mask] = parts[0].full.mask.view(np.uint8)
         if self.out_ids is not None:
-            data[self.out_ids] = np.array([batch.n_tokens - 1 if last is None else last], dtype=np.int32)
+            data[self.out_ids] = np.array([n_tokens - 1 if last is None else last], dtype=np.int32)
         if self.kv_idx_swa is not None:
-            data[self.kv_idx_swa] = batch.swa.kv_idx
-            data[self.mask_swa] = batch.swa.mask.view(np.uint8)
+            data[self.kv_idx_swa] = one.swa.kv_idx if one else np.concatenate([p.swa.kv_idx for p in parts])
+        if self.mask_swa is not None:
+            data[self.mask_swa] = parts[0].swa.mask.view(np.uint8)
+        for t, p in zip(self.seq_masks, parts):
+            data[t] = p.full.mask.view(np.uint8)
+        for t, p in zip(self.seq_masks_swa, parts):
+            data[t] = p.swa.mask.view(np.uint8)
+        if self.rows is not None:
+            data[self.rows] = np.arange(n_tokens, dtype=np.int32)
         return data
 
 
@@ -77,11 +122,20 @@ def build_inputs(ctx: Context, shape: BatchShape) -> ModelInputs:
         tokens=ctx.tensor(GType.I32, [t], "inp_tokens"),
         pos=ctx.tensor(GType.I32, [t], "inp_pos"),
         kv_idx=ctx.tensor(GType.I64, [t], "inp_kv_idx"),
-        mask=ctx.tensor(GType.F16, [shape.n_kv, t], "inp_kq_mask"),
+        mask=None if shape.seqs else ctx.tensor(GType.F16, [shape.n_kv, t], "inp_kq_mask"),
         out_ids=ctx.tensor(GType.I32, [out], "inp_out_ids") if out != t else None)
     if shape.n_kv_swa:
         inp.kv_idx_swa = ctx.tensor(GType.I64, [t], "inp_kv_idx_swa")
         inp.mask_swa = ctx.tensor(GType.F16, [shape.n_kv_swa, t], "inp_kq_mask_swa")
+    if shape.seqs:
+        inp.seq_masks = [ctx.tensor(GType.F16, [s.n_kv, s.n_tokens], f"inp_kq_mask_s{i}")
+                         for i, s in enumerate(shape.seqs)]
+        if shape.seqs[0].n_kv_swa:
+            inp.kv_idx_swa = ctx.tensor(GType.I64, [t], "inp_kv_idx_swa")
+            inp.seq_masks_swa = [ctx.tensor(GType.F16, [s.n_kv_swa, s.n_tokens], f"inp_kq_mask_swa_s{i}")
+                                 for i, s in enumerate(shape.seqs)]
+        if len(shape.seqs) > 1:
+            inp.rows = ctx.tensor(GType.I32, [t], "inp_seq_rows")
     for x in inp.all():
         x.set_flag(TensorFlag.INPUT)
     return inp
@@ -118,13 +172,40 @@ def self_attention(ctx: Context, hp: HParams, w: dict[str, Tensor], il: int, cur
     q, k, v = _qkv_roped(ctx, hp, w, il, cur, inp.pos, shape.n_tokens)
     if hp.q_scale is not None:
         q = ctx.scale(q, hp.q_scale)
-    swa = hp.is_swa(il) and inp.mask_swa is not None
+    swa = hp.is_swa(il) and inp.kv_idx_swa is not None
     kv_idx, mask, n_kv = (inp.kv_idx_swa, inp.mask_swa, shape.n_kv_swa) if swa else (inp.kv_idx, inp.mask, shape.n_kv)
     k_written = ctx.set_rows(cache.k[il], ctx.view(k, [hp.n_embd_kv, shape.n_tokens], [k.nb[2]]), kv_idx)
     v_written = ctx.set_rows(cache.v[il], v, kv_idx)
     scale = 1.0 if hp.q_scale is not None else 1.0 / math.sqrt(hp.head_dim)
-    attn = _attend(ctx, hp, q, k_written, v_written, mask, shape.n_tokens, n_kv, scale, flash_attn)
+    if shape.seqs:
+        attn = _attend_per_seq(ctx, hp, q, k_written, v_written, inp, shape, swa, cache, scale, flash_attn)
+    else:
+        attn = _attend(ctx, hp, q, k_written, v_written, mask, shape.n_tokens, n_kv, scale, flash_attn)
     return ctx.mul_mat(w[b + "attn_output.weight"], attn)
+
+
+def _attend_per_seq(ctx: Context, hp: HParams, q: Tensor, k_cache: Tensor, v_cache: Tensor, inp: ModelInputs,
+                    shape: BatchShape, swa: bool, cache: KVCache, scale: float, flash_attn: bool) -> Tensor:
+    """Attention of a multi-sequence batch: each sequence's rows of q over its own region of the
+    cache (the op a batch of that sequence alone runs), gathered into [n_embd_q, T]."""
+    group = cache.swa if swa else cache.full
+    masks = inp.seq_masks_swa if swa else inp.seq_masks
+    outs, row = [], 0
+    for s, mask in zip(shape.seqs, masks):
+        q_s = q if len(shape.seqs) == 1 else ctx.view(q, [hp.head_dim, hp.n_head, s.n_tokens], [q.nb[1], q.nb[2]],
+                                                      row * q.nb[2])
+        n_kv = s.n_kv_swa if swa else s.n_kv
+        outs.append((row, _attend(ctx, hp, q_s, k_cache, v_cache, mask, s.n_tokens, n_kv, scale, flash_attn,
+                                  group.base(s.seq))))
+        row += s.n_tokens
+    if len(outs) == 1:
+        return outs[0][1]
+    # gather: set_rows into a [n_embd_q, T] tensor (every row is overwritten; q's copy gives its shape)
+    acc = ctx.cont(q, [hp.n_embd_q, shape.n_tokens])
+    for row, out in outs:
+        ids = ctx.view(inp.rows, [out.ne[1]], None, row * inp.rows.nb[0])
+        acc = ctx.set_rows(acc, out, ids)
+    return acc
 
 
 def _qkv_roped(ctx: Context, hp: HParams, w: dict[str, Tensor], il: int, cur: Tensor, pos: Tensor,
@@ -174,12 +255,12 @@ def _rope(ctx: Context, hp: HParams, il: int, t: Tensor, pos: Tensor) -> Tensor:
 
 
 def _attend(ctx: Context, hp: HParams, q: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor,
-            n_tokens: int, n_kv: int, scale: float, flash_attn: bool) -> Tensor:
-    """Attention of q [D, n_head, T] over cache rows 0..n_kv; returns [n_embd_q, T]."""
+            n_tokens: int, n_kv: int, scale: float, flash_attn: bool, base: int = 0) -> Tensor:
+    """Attention of q [D, n_head, T] over cache rows base..base + n_kv; returns [n_embd_q, T]."""
     D, row = hp.head_dim, k_cache.nb[1]
     # the cache row of one slot holds n_head_kv heads of D values: view it as [D, KV, n_head_kv]
-    k = ctx.view(k_cache, [D, n_kv, hp.n_head_kv], [row, D * k_cache.type.type_size])
-    v = ctx.view(v_cache, [D, n_kv, hp.n_head_kv], [row, D * v_cache.type.type_size])
+    k = ctx.view(k_cache, [D, n_kv, hp.n_head_kv], [row, D * k_cache.type.type_size], base * row)
+    v = ctx.view(v_cache, [D, n_kv, hp.n_head_kv], [row, D * v_cache.type.type_size], base * row)
     q = ctx.permute(q, 0, 2, 1, 3)  # [D, T, n_head]
     if flash_attn:
         # F32 accumulation, as llama.cpp asks for every model (backends may honour it or not)
