@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import GGXContextOverflow, GGXShapeError, GGXStateError, GGXValueError
 from ..graph import Context, Graph, build_graph
+from ..host import trim_heap
 from ..placement import LayerSplit, PlacementReport, check_tensor_split, layer_split
 from ..progress import compile_seconds
 from ..tensor import Tensor
@@ -138,6 +139,7 @@ class Model:
         self.tokenizer = Tokenizer.from_gguf(self.file)
         if self.tokenizer.n_vocab != self.hp.n_vocab:
             raise GGXShapeError(f"{self.path}: tokenizer has {self.tokenizer.n_vocab} tokens, model {self.hp.n_vocab}")
+        trim_heap()  # the tokenizer's build left a large vocabulary's garbage in the heap
         t_file = time.perf_counter()
         self.runner = Runner(devices, n_threads, moe=self.hp.n_expert > 0)
         #: which device runs each layer and the output (checked before any weight is loaded)
