@@ -18,9 +18,9 @@ from ggx.models.weights import load_weights, tensor_layer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/sched_device.py, shared with sched tests
 from sched_device import TestDevice  # noqa: E402
+from weight_bufts import host_extra_bufts  # noqa: E402
 
 PROMPT = [5, 70, 71, 72, 3, 200, 33]
-CPU_TYPES = {"CPU", "CPU_REPACK"}
 
 
 def placed(m) -> dict[str, str]:
@@ -135,14 +135,15 @@ def test_the_default_model_split_over_ref_and_cpu(smollm2_path):
     want_logits, want = cpu.forward(ids), greedy(cpu, ids, 3)
 
     m = load_model(smollm2_path, devices=["ref", "CPU"], n_ctx=256, tensor_split=[1, 9])
+    cpu_types = {"CPU", *host_extra_bufts()}  # plain memory or any extra buffer type of the CPU here
     assert str(m.layer_split) == "ref layers 0-2, CPU layers 3-29 + output"
     for il in range(m.hp.n_layer):
         if il < 3:
             assert layer_bufts(m, il) == {"ref"}, il
         else:
-            assert layer_bufts(m, il) and layer_bufts(m, il) <= CPU_TYPES, il
+            assert layer_bufts(m, il) and layer_bufts(m, il) <= cpu_types, il
         assert m.cache.k[il].buffer.buft.name == m.cache.v[il].buffer.buft.name == ("ref" if il < 3 else "CPU")
-    assert placed(m)["output.weight"] in CPU_TYPES and placed(m)["output_norm.weight"] == "CPU"
+    assert placed(m)["output.weight"] in cpu_types and placed(m)["output_norm.weight"] == "CPU"
     assert placed(m)["token_embd.weight"] == "CPU"
     assert [b.buft.name for b in m.cache.buffers] == ["ref", "CPU"]
     used = {u.name: u.n_tensors for u in m.placement.used}  # the report counts each device's part
