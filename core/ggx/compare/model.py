@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backend import Backend, Device
 from ..conformance.case import Tolerance, tolerance
 from ..conformance.harness import compare
 from ..errors import GGXUnsupported
@@ -216,10 +217,18 @@ class CompareReport:
 
 
 # --- running -------------------------------------------------------------------------------------
-def _load(path: str, spec: BackendSpec, n_ctx: int, warmup: bool = False):
+def backend_device(backend: str | Device) -> tuple[str, Device]:
+    """(its label, the device to load a model on) for `DEVICE[:BUFT]` or a Device (as it is)."""
+    if isinstance(backend, Device):
+        return backend.name, backend
+    spec = BackendSpec.parse(backend)
+    return str(spec), spec.resolve()
+
+
+def _load(path: str, device: Device, n_ctx: int, warmup: bool = False):
     from ..models import load_model
 
-    return load_model(path, devices=[spec.resolve()], n_ctx=n_ctx, warmup=warmup)
+    return load_model(path, devices=[device], n_ctx=n_ctx, warmup=warmup)
 
 
 def _nmse_of(a: np.ndarray | None, b: np.ndarray | None) -> float | None:
@@ -229,27 +238,38 @@ def _nmse_of(a: np.ndarray | None, b: np.ndarray | None) -> float | None:
     return err
 
 
-def _judge(step: int, index: int, t: Tensor, sa: Seen, sb: Seen) -> NodeResult:
+def _judge(step: int, index: int, t: Tensor, sa: Seen, sb: Seen, recompute: Recompute | None,
+           backend: Backend | None) -> NodeResult:
     tol = node_tolerance(t)
     acc_ok, acc, _ = compare(sb.values, sa.values, tol)
-    iso, iso_ok, note = None, None, sa.isolated_note
-    if sa.isolated is not None:
-        iso_ok, iso, msg = compare(sa.isolated, sa.values, tol)
-        if not iso_ok and msg:
-            note = f"{note}: {msg}" if note else msg
-    elif note.startswith("raised"):
-        iso_ok = False
+    iso, iso_ok, note = None, None, ""
+    if recompute is not None:
+        try:
+            values, note = recompute.run(t, sa.snapshot, backend)
+        except Exception as e:  # noqa: BLE001 - a kernel that raises is a finding, not a crash
+            values, note, iso_ok = None, f"raised {type(e).__name__}: {e}", False
+        if values is not None:
+            iso_ok, iso, msg = compare(values, sa.values, tol)
+            if not iso_ok and msg:
+                note = f"{note}: {msg}"
     inputs = [_nmse_of(x, y) for x, y in zip(sa.inputs, sb.inputs)]
     return NodeResult(step, index, describe(t), tol.max_nmse, tol.reason, acc, acc_ok, iso, iso_ok, note, inputs)
 
 
-def _step_nodes(step: int, ra: Recorder, rb: Recorder) -> list[NodeResult]:
+def _step_nodes(step: int, ra: Recorder, rb: Recorder, recompute: Recompute | None,
+                where: dict[int, Backend], say: Progress, what: str) -> list[NodeResult]:
+    """A's and B's nodes of one step, in graph order, each isolated on the backend B ran it on."""
     order_a, order_b = graph_order(ra.order), graph_order(rb.order)
     if [(t.op, t.ne) for t in order_a] != [(t.op, t.ne) for t in order_b]:
         raise GGXUnsupported(f"step {step}: the two models built different graphs "
                              f"({len(order_a)} and {len(order_b)} computing nodes)")
-    return [_judge(step, i, ta, ra.seen[id(ta)], rb.seen[id(tb)])
-            for i, (ta, tb) in enumerate(zip(order_a, order_b)) if id(ta) in ra.seen and id(tb) in rb.seen]
+    out = []
+    for i, (ta, tb) in enumerate(zip(order_a, order_b)):
+        if id(ta) in ra.seen and id(tb) in rb.seen:
+            if recompute is not None:
+                say(f"{what}: isolated node {i + 1}/{len(order_a)}")
+            out.append(_judge(step, i, ta, ra.seen[id(ta)], rb.seen[id(tb)], recompute, where.get(id(tb))))
+    return out
 
 
 def model_file(model: str | os.PathLike | None, layers: int | None) -> str:
@@ -261,40 +281,39 @@ def model_file(model: str | os.PathLike | None, layers: int | None) -> str:
     return str(cut_layers(path, layers) if layers else path)
 
 
-def compare_model(model: str | os.PathLike | None = None, a: str = "ref", b: str = "CPU",
+def compare_model(model: str | os.PathLike | None = None, a: str | Device = "ref", b: str | Device = "CPU",
                   prompt: str | Sequence[int] = DEFAULT_PROMPT, n_decode: int = DEFAULT_DECODE,
                   layers: int | None = None, n_ctx: int = DEFAULT_N_CTX, isolated: bool = True,
                   graphs: bool = False, progress: Progress | None = None) -> CompareReport:
     """Run `model` (a GGUF path or known name; default the default model, cut to `layers`) on
-    backends `a` and `b` (`DEVICE[:BUFT]`: `ref`, `CPU`, `CPU:CPU_REPACK`, `CUDA0`, ...) and
+    backends `a` and `b` (`DEVICE[:BUFT]`: `ref`, `CPU`, `CPU:CPU_REPACK`, `CUDA0`, ..., or a Device) and
     compare them node by node and by their logits (see the module docstring). `a == b` with
     `graphs=True` only checks graph capture on vs off."""
     say = progress or (lambda _text: None)
-    spec_a, spec_b = BackendSpec.parse(a), BackendSpec.parse(b)
+    (spec_a, dev_a), (spec_b, dev_b) = backend_device(a), backend_device(b)
     path = model_file(model, layers)
     say(f"loading {os.path.basename(path)} on {spec_a} and {spec_b}")
-    ma = _load(path, spec_a, n_ctx)
+    ma = _load(path, dev_a, n_ctx)
     ids = ma.encode_prompt(prompt)
     report = CompareReport(os.path.basename(path), str(spec_a), str(spec_b), list(ids), len(ids), isolated=isolated)
     report.weights["a"] = str(ma.placement)
-    nodes_a = spec_a != spec_b or not graphs
-    if nodes_a:
-        mb = _load(path, spec_b, n_ctx)
+    if spec_a != spec_b or not graphs:
+        mb = _load(path, dev_b, n_ctx)
         report.weights["b"] = str(mb.placement)
         recompute = Recompute(mb.runner.backends, {t.name: t for t in mb.weights.values()}) if isolated else None
-        ra, rb = Recorder(recompute), Recorder()
+        ra, rb = Recorder(snapshots=isolated), Recorder()
         ma.runner.sched.eval_callback, mb.runner.sched.eval_callback = ra, rb
         tokens = list(ids)
         for step in range(n_decode + 1):
             what = "prompt" if step == 0 else f"decode step {step}/{n_decode}"
             ra.clear(), rb.clear()
-            iso = f", each also isolated on {spec_b}" if isolated else ""
-            ra.on_node = lambda n, what=what, iso=iso: say(f"{what}: {spec_a} node {n}{iso}")
+            ra.on_node = lambda n, what=what: say(f"{what}: {spec_a} node {n}")
             rb.on_node = lambda n, what=what: say(f"{what}: {spec_b} node {n}")
             feed = tokens if step == 0 else tokens[-1:]
             la = ma.forward(feed) if step == 0 else ma.eval(feed)
             lb = mb.forward(feed) if step == 0 else mb.eval(feed)
-            report.nodes += _step_nodes(step, ra, rb)
+            where = {id(n): split.backend for split in mb.runner.sched.splits for n in split.nodes}
+            report.nodes += _step_nodes(step, ra, rb, recompute, where, say, what)
             first = 0 if step == 0 else len(tokens) - 1
             report.logits += logits_rows(la, lb, step, first)
             if step < n_decode:
@@ -303,7 +322,7 @@ def compare_model(model: str | os.PathLike | None = None, a: str = "ref", b: str
         ma.runner.sched.eval_callback = mb.runner.sched.eval_callback = None
     if graphs:
         say(f"graphs on vs off on {spec_b}")
-        report.graphs = compare_graphs(path, spec_b, report.tokens[:len(ids)], n_decode, n_ctx)
+        report.graphs = compare_graphs(path, b, report.tokens[:len(ids)], n_decode, n_ctx)
     return report
 
 
@@ -322,11 +341,12 @@ def set_graphs(model, enabled: bool) -> None:
         raise GGXUnsupported(f"no backend of {names} can turn graph capture on and off (no \"set_graphs\")")
 
 
-def compare_graphs(path: str, spec: BackendSpec, prompt: Sequence[int], n_decode: int,
+def compare_graphs(path: str, backend: str | Device, prompt: Sequence[int], n_decode: int,
                    n_ctx: int = DEFAULT_N_CTX) -> GraphsCheck:
     """The same backend with graph capture on and off, loaded with warm-up as a model is (so
     decode's graph is captured and replayed): every step's logits must be bit-identical."""
-    on, off = _load(path, spec, n_ctx, warmup=True), _load(path, spec, n_ctx, warmup=True)
+    label, device = backend_device(backend)
+    on, off = _load(path, device, n_ctx, warmup=True), _load(path, device, n_ctx, warmup=True)
     set_graphs(on, True)
     set_graphs(off, False)
     la, lb = on.forward(list(prompt)), off.forward(list(prompt))
@@ -337,4 +357,4 @@ def compare_graphs(path: str, spec: BackendSpec, prompt: Sequence[int], n_decode
         pairs.append((la, lb))
     identical = all(np.array_equal(x, y) for x, y in pairs)
     max_abs = max(float(np.max(np.abs(x.astype(np.float64) - y))) for x, y in pairs)
-    return GraphsCheck(str(spec), identical, max_abs, len(pairs))
+    return GraphsCheck(label, identical, max_abs, len(pairs))
