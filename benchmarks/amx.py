@@ -71,7 +71,7 @@ def paths(cpu, amx, gtype: GType, K: int) -> dict:
     from ggx_cpu.kernels import matmul
 
     out = {"plain": (cpu.buffer_type(), matmul.mul_mat)}
-    repack = [b for b in cpu.extra_buffer_types() if b.name == "CPU_REPACK"]
+    repack = [b for b in registry.extra_buffer_types(cpu) if b.name == "CPU_REPACK"]
     if repack and repack[0].layout_for(Context().tensor(gtype, (K, 32))) is not None:
         out["repack"] = (repack[0], repack[0].prepare_forward)
     out["AMX"] = (amx, amx.prepare_forward)
@@ -137,7 +137,7 @@ def main() -> None:
     gtypes = [GType.parse(t) for t in args.types.split(",")]
     cpu = registry.get_device("CPU")
     usable, why = amx_support()
-    amx = [b for b in cpu.extra_buffer_types() if b.name == "AMX"]
+    amx = [b for b in registry.extra_buffer_types(cpu) if b.name == "AMX"]
     if not usable or not amx:
         print(f"AMX cannot run here: {why if not usable else 'the AMX buffer type is not registered'}.")
         print("No speed figures. Correctness run of the emulated engine (AMX_EMULATED) instead:")

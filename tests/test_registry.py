@@ -359,14 +359,18 @@ def test_extra_buffer_types_in_priority_order():
     assert reg.get_proc_address("no_such_thing") is None
 
 
-def test_dev_get_extra_bufts_default_answers_the_devices_own_list():
+def test_dev_get_extra_bufts_answers_the_engine_s_merge():
     """BackendReg's default get_proc_address answers ggml's "dev_get_extra_bufts" with
-    `device.extra_buffer_types()`; the registry does not replace the reg's method."""
+    `registry.extra_buffer_types(device)`: the device's own extra buffer types (read every time),
+    then the plugins' by priority, each once; the registry does not replace the reg's method."""
     from ggx_t_fakes import FakeDevice, FakeExtra, FakeReg
+
+    own = [FakeExtra("OWN")]
+    shared = FakeExtra("SHARED")
 
     class ExtraDevice(FakeDevice):
         def extra_buffer_types(self):
-            return registry.extra_buffer_types(self)  # as the CPU device takes its list
+            return list(own)
 
     class PlainReg(FakeReg):
         def get_proc_address(self, name):
@@ -375,7 +379,7 @@ def test_dev_get_extra_bufts_default_answers_the_devices_own_list():
     class Mine:
         @hookimpl
         def ggx_extra_buffer_types(self, device):
-            return [(5, FakeExtra("FIRST"))] if device.name == "xdev" else None
+            return [(5, FakeExtra("FIRST")), (6, shared)] if device.name == "xdev" else None
 
     reg = PlainReg("xreg", [ExtraDevice("xdev"), FakeDevice("ydev")])
     own_method = reg.get_proc_address
@@ -384,8 +388,10 @@ def test_dev_get_extra_bufts_default_answers_the_devices_own_list():
     xdev, ydev = registry.get_device("xdev"), registry.get_device("ydev")
     assert reg.get_proc_address == own_method and "get_proc_address" not in vars(reg)
     get = reg.get_proc_address("dev_get_extra_bufts")
-    assert names(get(xdev)) == ["FIRST", "AMX", "REPACK"]
-    assert get(ydev) == []  # Device's default: no extra buffer types of its own
+    assert names(get(xdev)) == ["OWN", "FIRST", "SHARED", "AMX", "REPACK"] == names(registry.extra_buffer_types(xdev))
+    assert names(get(ydev)) == ["AMX", "REPACK"]  # no own types (Device's default): the plugins' only
+    own.append(shared)  # the device's own list is read every time; a type it shares is listed once
+    assert names(get(xdev)) == ["OWN", "SHARED", "FIRST", "AMX", "REPACK"]
 
 
 @pytest.mark.parametrize("answer, reason", [

@@ -60,6 +60,9 @@ class BufferType(ABC):
     """A kind of memory tensors can live in. Allocates buffers; computes nothing."""
 
     name: str = "?"
+    #: Its kernels model hardware in software (testing only, e.g. AMX_EMULATED): `ggx tune` never
+    #: times it, so a measured profile never chooses it.
+    emulated: bool = False
 
     @abstractmethod
     def alloc_buffer(self, size: int) -> Buffer: ...
@@ -225,8 +228,9 @@ class Device(ABC):
         raise GGXUnsupported(f"device {self.name} cannot wrap host memory")
 
     def extra_buffer_types(self) -> list[ExtraBufferType]:
-        """Extra buffer types this device's backends compute from, best first (ggml's
-        dev_get_extra_bufts; weight placement tries them before plain memory). Default: none."""
+        """The extra buffer types of this device's own, best first. Plugins add theirs through the
+        `ggx_extra_buffer_types` hook; `ggx.registry.extra_buffer_types(device)` merges both (ggml's
+        dev_get_extra_bufts), and placement, the scheduler and conformance ask that. Default: none."""
         return []
 
     def supports_buft(self, buft: BufferType) -> bool:
@@ -338,9 +342,12 @@ class BackendReg(ABC):
 
     def get_proc_address(self, name: str) -> Callable | None:
         """An optional capability by name ("set_n_threads", "get_features", ...), or None.
-        Default: "dev_get_extra_bufts" -> f(device) -> `device.extra_buffer_types()`."""
+        Default: "dev_get_extra_bufts" -> f(device) -> `ggx.registry.extra_buffer_types(device)`
+        (the device's own merged with the plugins'), answered here for every reg."""
         if name == "dev_get_extra_bufts":
-            return lambda device: device.extra_buffer_types()
+            from . import registry
+
+            return registry.extra_buffer_types
         return None
 
     def __repr__(self) -> str:

@@ -5,12 +5,18 @@ priority order, and `select_buft(weight, op, bufts)` picks the first whose devic
 buffer type) says yes to a representative op reading the weight from that buffer type. Each
 device brings its own buffer types, in the order of the devices: a device with memory of its
 own brings that memory and its pinned host type, every device brings its extra buffer types
-(`Device.extra_buffer_types()`: AMX before repack on the CPU device), and a host device brings
+(`ggx.registry.extra_buffer_types(device)`: AMX before repack on the CPU device), and a host device brings
 its plain memory. So installing ggx-repack moves Q4_0 weights into the repack buffer with no
 other change, uninstalling it falls back to plain host memory, and another plugin's device in
 the list adds its own types without hiding the CPU's. `alloc_weights` then makes one WEIGHTS
 buffer per chosen buffer type, and `PlacementReport` says what each candidate got, or why it
 got nothing.
+
+A `BuftChooser` makes that choice for a model load (`select`): a user's override
+(`--override-tensor REGEX=BUFT`, `buft_overrides`) forces a weight's buffer type; else, for a
+matrix product's weight, a measured profile (`ggx.tune`, `MeasuredCosts`) may put a faster
+candidate before the priority order's choice, when it wins by more than `MARGIN`; else the
+priority order stands. It keeps the figures behind each choice for the report.
 
 A model run on several devices splits its layers over them (llama.cpp's split mode LAYER):
 `layer_split(n_layer, devices, tensor_split)` gives each device a contiguous range of layers,
@@ -21,19 +27,23 @@ and its KV cache lives in its device's memory, so the scheduler runs the layer t
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Protocol
 
+from . import registry
 from .alloc import alloc_tensors
 from .backend import Buffer, BufferType, BufferUsage, Device, DeviceType, ExtraBufferType
 from .errors import GGXUnsupported, GGXValueError
 from .graph import Context
+from .ops import Op
 from .tensor import Tensor
 
-__all__ = ["BufferTypeUse", "DeviceLayers", "LayerSplit", "PlacementReport", "alloc_weights", "buft_list",
-           "check_tensor_split", "host_device", "layer_split", "run_host", "select_buft", "split_fractions",
-           "supports_weight_op"]
+__all__ = ["MARGIN", "BufferTypeUse", "BuftChooser", "DeviceLayers", "LayerSplit", "MeasuredCosts",
+           "PlacementReport", "alloc_weights", "buft_list", "check_tensor_split", "host_device", "layer_split",
+           "parse_buft_overrides", "run_host", "select_buft", "split_fractions", "supports_weight_op"]
 
 OpBuilder = Callable[[Context, Tensor], Tensor]
 
@@ -53,8 +63,6 @@ def host_device(devices: Iterable[Device] | None = None) -> Device:
     plugin's CPU-type device (which may run only a few ops) can be listed before it.
     """
     if devices is None:
-        from . import registry
-
         devices = registry.devices()
     cpus = [d for d in devices if _has_host_memory(d)]
     if not cpus:
@@ -92,7 +100,7 @@ def buft_list(devices: Sequence[Device]) -> list[BufferType]:
             pinned = d.host_buffer_type()
             if pinned is not None:
                 out.append(pinned)
-        out.extend(d.extra_buffer_types())
+        out.extend(registry.extra_buffer_types(d))
         if host:
             out.append(d.buffer_type())
     uniq: list[BufferType] = []
@@ -160,6 +168,138 @@ def select_buft(weight: Tensor, op: Tensor | OpBuilder, bufts: Iterable[BufferTy
                          f"(tried {names})")
 
 
+#: A candidate chosen over the priority order's choice by a measured profile must be this much
+#: faster on the reference workload (its time * (1 + MARGIN) < the priority choice's): timing
+#: noise between two tunes then cannot flip a choice back and forth.
+MARGIN = 0.10
+
+
+class MeasuredCosts(Protocol):
+    """What a `BuftChooser` asks of a measured profile (`ggx.tune.Profile`)."""
+
+    #: what the figures are, for the report ("tune profile of 2026-12-05, 2 threads")
+    basis: str
+
+    def workload_seconds(self, buft: str, gtype: str) -> float | None:
+        """Seconds of the reference workload over one weight of type `gtype` in buffer type `buft`
+        (one 512-token prompt and 128 decode steps), or None when not measured."""
+
+    def ratios(self, buft: str, other: str, gtype: str) -> str:
+        """`buft`'s speed relative to `other` for `gtype`, per batch, for messages ("batch 1:
+        0.7x, prompt: 0.5x")."""
+
+
+def parse_buft_overrides(overrides: Mapping[str, str] | Iterable[str | tuple[str | re.Pattern, str]] | None
+                         ) -> list[tuple[re.Pattern, str]]:
+    """(pattern, buffer type name) pairs from `{REGEX: BUFT}`, ("REGEX", "BUFT") pairs or
+    "REGEX=BUFT" strings (llama.cpp's --override-tensor; a string may hold several, comma-separated).
+    GGXValueError names a malformed item or a pattern that is not a regular expression."""
+    if overrides is None:
+        return []
+    items = overrides.items() if isinstance(overrides, Mapping) else overrides
+    out = []
+    for item in items:
+        pairs: list[tuple[str, str]] = []
+        if isinstance(item, str):
+            for part in item.split(","):
+                pattern, eq, name = part.rpartition("=")
+                if not eq or not pattern or not name.strip():
+                    raise GGXValueError(f"buffer type override {part!r}: expected REGEX=BUFT, e.g. "
+                                        "'ffn_.*=CPU' (the buffer type names are in `ggx devices`)")
+                pairs.append((pattern, name))
+        else:
+            try:
+                pattern, name = item
+            except (TypeError, ValueError):
+                raise GGXValueError(f"buffer type override {item!r}: expected (REGEX, BUFT)") from None
+            pairs.append((pattern, name))
+        for pattern, name in pairs:
+            if not isinstance(pattern, str | re.Pattern) or not isinstance(name, str) or not name.strip():
+                raise GGXValueError(f"buffer type override {pattern!r}={name!r}: both must be non-empty strings")
+            try:
+                out.append((re.compile(pattern), name.strip()))
+            except re.error as e:
+                raise GGXValueError(f"buffer type override {pattern!r}: not a regular expression ({e})") from None
+    return out
+
+
+@dataclass
+class BuftChooser:
+    """Chooses each weight's buffer type for one model load (see the module docstring).
+
+    `costs`: a measured profile for the host's buffer types, or None (the priority order;
+    `basis` then says why there is none). `overrides`: see `parse_buft_overrides`; the first
+    pattern that matches a weight's name (`re.search`, as llama.cpp) forces its buffer type, found
+    by name among the weight's candidates. `notes` keeps, per buffer type, the figures behind the
+    choices that involved it; `losses` why a measured candidate lost (for a type left unused)."""
+
+    costs: MeasuredCosts | None = None
+    overrides: Mapping[str, str] | Iterable[str | tuple[str | re.Pattern, str]] | None = ()
+    basis: str = "priority order"
+    notes: dict[int, list[str]] = field(default_factory=dict)
+    losses: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.overrides = parse_buft_overrides(self.overrides)
+        if self.costs is not None:
+            self.basis = self.costs.basis
+
+    def _note(self, buft: BufferType, text: str) -> None:
+        kept = self.notes.setdefault(id(buft), [])
+        if text not in kept:
+            kept.append(text)
+
+    def select(self, weight: Tensor, op: Tensor | OpBuilder, bufts: Iterable[BufferType],
+               refusals: dict[BufferType, str] | None = None) -> BufferType:
+        """The buffer type of `weight` (read by `op`) among `bufts` (in priority order)."""
+        if callable(op) and not isinstance(op, Tensor):
+            op = op(Context(), weight)
+        bufts = list(bufts)
+        for pattern, name in self.overrides:
+            if pattern.search(weight.name or ""):
+                return self._forced(weight, op, bufts, pattern, name)
+        first = select_buft(weight, op, bufts, refusals)
+        if self.costs is None or op.op not in (Op.MUL_MAT, Op.MUL_MAT_ID):
+            return first
+        gtype = weight.type.name
+        base = self.costs.workload_seconds(first.name, gtype)
+        if base is None:  # the priority choice was not measured (a device's own memory, emulation)
+            return first
+        timed = [(s, b) for b in bufts if b is not first
+                 for s in [self.costs.workload_seconds(b.name, gtype)] if s is not None
+                 and _why_refused(b, weight, op) is None]
+        best_s, best = min(timed, key=lambda x: x[0], default=(base, first))
+        if best is not first and best_s * (1 + MARGIN) < base:
+            self._note(best, f"{gtype} {base / best_s:.2f}x {first.name}")
+            self.losses.setdefault(id(first), f"{first.name} {self.costs.ratios(first.name, best.name, gtype)} "
+                                              f"{best.name} for {gtype} on this CPU")
+            return best
+        for s, b in timed:
+            if b is not first:
+                self._note(first, f"{gtype} {s / base:.2f}x {b.name}")
+                if s >= base:
+                    self.losses.setdefault(id(b), f"{b.name} {self.costs.ratios(b.name, first.name, gtype)} "
+                                                  f"{first.name} for {gtype} on this CPU")
+                else:
+                    self.losses.setdefault(id(b), f"{b.name} {base / s:.2f}x {first.name} for {gtype} on this "
+                                                  f"CPU, within the {MARGIN:.0%} margin: the priority order stands")
+        return first
+
+    def _forced(self, weight: Tensor, op: Tensor, bufts: list[BufferType], pattern: re.Pattern,
+                name: str) -> BufferType:
+        found = [b for b in bufts if b.name.upper() == name.upper()]
+        if not found:
+            names = ", ".join(b.name for b in bufts) or "none"
+            raise GGXValueError(f"buffer type override {pattern.pattern}={name}: weight {weight.name!r} has no "
+                                f"candidate buffer type {name!r} (its candidates: {names})")
+        why = _why_refused(found[0], weight, op)
+        if why is not None:
+            raise GGXUnsupported(f"buffer type override {pattern.pattern}={name}: {found[0].name} cannot hold "
+                                 f"{weight.describe()}: {why}")
+        self._note(found[0], f"forced by {pattern.pattern}={name}")
+        return found[0]
+
+
 @dataclass(frozen=True)
 class BufferTypeUse:
     """One candidate buffer type of a placement: what it holds, or why it holds nothing."""
@@ -169,20 +309,35 @@ class BufferTypeUse:
     n_tensors: int
     nbytes: int  # bytes of the tensors placed there (their ggml size)
     skipped: str = ""  # for a candidate that got nothing: why (its first refusal); "" when used
+    #: the measured figures (or override) behind choices that involved it ("Q4_0 1.80x AMX")
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """"CPU_REPACK 52.1 MiB (182 tensors; Q4_0 1.80x AMX)": a used one, with its figures."""
+        notes = "; " + ", ".join(self.notes) if self.notes else ""
+        return f"{self.name} {self.nbytes / 2**20:.1f} MiB ({self.n_tensors} tensors{notes})"
 
 
 @dataclass(frozen=True)
 class PlacementReport:
-    """Where a model's weights went: every candidate buffer type, in priority order."""
+    """Where a model's weights went: every candidate buffer type, in priority order, and what the
+    choice was based on (`basis`: "priority order", or the measured profile)."""
 
     bufts: tuple[BufferTypeUse, ...]
+    basis: str = "priority order"
 
     @classmethod
     def of(cls, placed: Iterable[tuple[Tensor, BufferType]], candidates: Sequence[BufferType],
-           refusals: Mapping[BufferType, str] | None = None) -> PlacementReport:
+           refusals: Mapping[BufferType, str] | None = None,
+           chooser: BuftChooser | None = None) -> PlacementReport:
         """The report of `placed` (tensor, buffer type) pairs over the `candidates` list; a buffer
-        type placed but not a candidate (chosen by the loader directly) is listed after them."""
-        refusals = refusals or {}
+        type placed but not a candidate (chosen by the loader directly) is listed after them.
+        `chooser` adds its figures and the reason a measured candidate got nothing."""
+        refusals = dict(refusals or {})
+        if chooser is not None:
+            for b in candidates:
+                if id(b) in chooser.losses:
+                    refusals.setdefault(b, chooser.losses[id(b)])
         order = list(candidates)
         counts: dict[int, list[int]] = {}
         for t, b in placed:
@@ -195,8 +350,9 @@ class PlacementReport:
         for b in order:
             n_tensors, nbytes = counts.get(id(b), (0, 0))
             skipped = "" if n_tensors else refusals.get(b, "not needed: every weight fitted an earlier buffer type")
-            uses.append(BufferTypeUse(b.name, b.device.name, n_tensors, nbytes, skipped))
-        return cls(tuple(uses))
+            notes = tuple(chooser.notes.get(id(b), ())) if chooser is not None and n_tensors else ()
+            uses.append(BufferTypeUse(b.name, b.device.name, n_tensors, nbytes, skipped, notes))
+        return cls(tuple(uses), chooser.basis if chooser is not None else "priority order")
 
     @property
     def used(self) -> list[BufferTypeUse]:
@@ -207,9 +363,9 @@ class PlacementReport:
         return [u for u in self.bufts if not u.n_tensors]
 
     def __str__(self) -> str:
-        used = ", ".join(f"{u.name} {u.nbytes / 2**20:.1f} MiB ({u.n_tensors} tensors)" for u in self.used)
+        used = ", ".join(u.describe() for u in self.used)
         skipped = "; ".join(f"{u.name}: {u.skipped}" for u in self.skipped)
-        return used + (f"; skipped {skipped}" if skipped else "")
+        return used + (f"; skipped {skipped}" if skipped else "") + f" (by {self.basis})"
 
 
 def alloc_weights(placement: Mapping[Tensor, BufferType] | Iterable[tuple[Tensor, BufferType]]) -> list[Buffer]:

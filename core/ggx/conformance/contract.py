@@ -12,6 +12,7 @@ from functools import partial
 
 import numpy as np
 
+from .. import registry
 from ..backend import Backend, BufferType, Device
 from ..errors import GGXError, GGXOutOfMemory, GGXUnsupported
 from ..graph import Context, build_graph
@@ -89,7 +90,7 @@ def check_host_view(device: Device, backend: Backend) -> str:
     """Every `is_host` buffer type's buffers offer `host_view()`: one writable uint8 array of the
     buffer's `size` bytes, in ggml's layout, that set_tensor and get_tensor agree with (it is
     what CPU kernels read and write)."""
-    bufts = [b for b in _memory_types(device) + list(device.extra_buffer_types()) if b.is_host]
+    bufts = [b for b in _memory_types(device) + registry.extra_buffer_types(device) if b.is_host]
     for buft in bufts:
         ts = _tensors()[:4]
         placement = place(buft, ts)
@@ -287,7 +288,7 @@ def check_extra_buffer_types(device: Device, backend: Backend) -> str:
     """A transforming extra buffer type (repack, AMX: `is_host` False) is write-only (get_tensor
     raises GGXUnsupported) and gives a launch for each op it accepts (no CPU kernel can read
     its layout). Those keeping ggml's layout in host memory are held to `host_view` instead."""
-    bufts = [b for b in device.extra_buffer_types() if not b.is_host]
+    bufts = [b for b in registry.extra_buffer_types(device) if not b.is_host]
     if not bufts:
         return "no transforming extra buffer types on this device"
     notes = []

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import registry
 from ..backend import Backend, BufferType, Device
 from ..eager import resolve_device
 from ..errors import GGXError, GGXPluginError, GGXUnsupported
@@ -191,7 +192,7 @@ def weight_buffer_type(device: Device, buft: BufferType | str) -> BufferType:
     """`buft`, or the device's extra buffer type of that name; GGXPluginError lists the device's
     extra buffer types when there is none of that name."""
     if isinstance(buft, str):
-        bufts = device.extra_buffer_types()
+        bufts = registry.extra_buffer_types(device)
         found = [b for b in bufts if b.name.upper() == buft.upper()]
         if not found:
             names = ", ".join(b.name for b in bufts) or "none"

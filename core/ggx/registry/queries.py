@@ -115,14 +115,22 @@ def reg_of(device: Device) -> BackendReg | None:
 
 
 def extra_buffer_types(device: Device) -> list[ExtraBufferType]:
-    """Extra buffer types every plugin offers for `device`, by ascending priority (plugin order
-    breaks ties). Asked of the plugins once per device; the CPU device takes its list from here."""
+    """Every extra buffer type of `device`, best first (ggml's dev_get_extra_bufts): the device's
+    own (`Device.extra_buffer_types()`), then those the plugins offer through the hook, by
+    ascending priority (plugin order breaks ties), each listed once. The one merge placement, the
+    scheduler and conformance ask. The plugins are asked once per device (again after plugins are
+    loaded, registered or removed); the device's own list is read every time."""
     with TABLE.lock:
         cached = TABLE.extra.get(id(device))
         if cached is not None and cached[0] is device:
-            return list(cached[1])
-        found = [(prio, i, buft) for i, e in enumerate(_ordered()) if e.info.status == LOADED and e.obj is not None
-                 for prio, buft in offered_extra_buffer_types(e, device)]
-        bufts = [b for _, _, b in sorted(found, key=lambda x: (x[0], x[1]))]
-        TABLE.extra[id(device)] = (device, bufts)
-        return list(bufts)
+            offered = cached[1]
+        else:
+            found = [(prio, i, buft) for i, e in enumerate(_ordered()) if e.info.status == LOADED
+                     and e.obj is not None for prio, buft in offered_extra_buffer_types(e, device)]
+            offered = [b for _, _, b in sorted(found, key=lambda x: (x[0], x[1]))]
+            TABLE.extra[id(device)] = (device, offered)
+        out: list[ExtraBufferType] = []
+        for b in [*device.extra_buffer_types(), *offered]:
+            if not any(b is o for o in out):
+                out.append(b)
+        return out

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .. import registry
 from ..alloc import is_scratch
 from ..backend import Backend, Buffer, BufferUsage
 from ..errors import GGXUnsupported
@@ -98,7 +99,7 @@ class _Passes:
         if self._owners is None:
             owners: dict[int, int] = {}
             for i, be in enumerate(self.backends):
-                for b in (be.device.buffer_type(), *be.device.extra_buffer_types()):
+                for b in (be.device.buffer_type(), *registry.extra_buffer_types(be.device)):
                     owners.setdefault(id(b), i)
             self._owners = owners
         return self._owners.get(id(buft), -1)

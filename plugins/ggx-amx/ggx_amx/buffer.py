@@ -18,15 +18,15 @@
 from __future__ import annotations
 
 import functools
-import weakref
 
 import numpy as np
 
-from ggx.backend import BufferType, Device, ExtraBufferType, Launch
-from ggx.errors import GGXOutOfMemory, GGXUnsupported
+from ggx.backend import Device, Launch
+from ggx.errors import GGXUnsupported
 from ggx.host import TransformedBuffer, tensor_array
 from ggx.ops import Op
 from ggx.tensor import Tensor
+from ggx_cpu.traits import CpuExtraBufferType, expert_offsets
 
 from .layout import TileFormat, pack, tile_format
 
@@ -46,30 +46,18 @@ class AmxBuffer(TransformedBuffer):
         return pack(tensor.type, data, tensor.ne)
 
 
-class AmxBufferType(ExtraBufferType):
+class AmxBufferType(CpuExtraBufferType):
     """The AMX extra buffer type of one CPU device, running `engine` ("amx" or "emulated")."""
+
+    buffer_class = AmxBuffer
 
     def __init__(self, device: Device, engine: str):
         if engine not in NAMES:
             raise GGXUnsupported(f"AMX: unknown engine {engine!r} ({', '.join(NAMES)})")
-        self._device = device
+        super().__init__(device)
         self.engine = engine
         self.name = NAMES[engine]
-        # per op node: (its sources' buffer types, why_not)
-        self._verdicts: weakref.WeakKeyDictionary[Tensor, tuple] = weakref.WeakKeyDictionary()
-
-    @property
-    def device(self) -> Device:
-        return self._device
-
-    @property
-    def alignment(self) -> int:
-        return 64
-
-    def alloc_buffer(self, size: int) -> AmxBuffer:
-        if size < 0 or size > self.max_size:
-            raise GGXOutOfMemory(f"{self.name}: {size} bytes is more than max_size {self.max_size}")
-        return AmxBuffer(self, size)
+        self.emulated = engine == "emulated"  # never timed (`ggx tune`), as benchmarks/amx.py
 
     def why_not_weight(self, t: Tensor) -> str | None:
         """Why weight `t` cannot be packed here (None: it can)."""
@@ -91,23 +79,7 @@ class AmxBufferType(ExtraBufferType):
         return max(tensor.nbytes, fmt.packed_nbytes(tensor.ne))
 
     # --- ops ------------------------------------------------------------------------------------
-    def why_not(self, op: Tensor) -> str | None:
-        """Why `op` cannot run on this buffer type (None: it can). Kept per op node with the
-        buffer types of its sources (placement asks before the activations have storage)."""
-        storage = tuple(_buft_of(s) for s in op.src)
-        kept = self._verdicts.get(op)
-        if kept is not None and kept[0] == storage:
-            return kept[1]
-        why = self._why_not(op)
-        self._verdicts[op] = (storage, why)
-        return why
-
-    def _why_not(self, op: Tensor) -> str | None:
-        from ggx_cpu.extension import matmul_problem
-
-        why = matmul_problem(op, self)
-        if why is not None:
-            return why
+    def refusal(self, op: Tensor) -> str | None:
         why = self.why_not_weight(op.src[0])
         if why is not None:
             return why
@@ -115,16 +87,7 @@ class AmxBufferType(ExtraBufferType):
             return f"activations {op.src[1].describe()} and destination {op.describe()} must be contiguous"
         return None
 
-    def supports_op(self, op: Tensor) -> bool:
-        return self.why_not(op) is None
-
-    def prepare_forward(self, op: Tensor, n_threads: int = 1) -> Launch:
-        """The launch of an op supports_op accepted; GGXUnsupported naming why for any other."""
-        why = self.why_not(op)
-        if why is not None:
-            raise GGXUnsupported(f"{self.name}: cannot compute {op.describe()}: {why}")
-        if op.nelements == 0:
-            return _nothing
+    def bind(self, op: Tensor, n_threads: int) -> Launch:
         a = op.src[0]
         w = a.data_buffer.packed_bytes()
         fmt = tile_format(a.type)
@@ -136,23 +99,10 @@ class AmxBufferType(ExtraBufferType):
                      np.array([0, x.shape[0]], np.int64), cols, cols, True, tensor_array(op).reshape(-1), n_threads)
 
 
-def _buft_of(t: Tensor | None) -> BufferType | None:
-    buf = t.data_buffer if t is not None else None
-    return buf.buft if buf is not None else None
-
-
-def _nothing() -> None:
-    """The launch of an empty matmul."""
-
-
 def _run_id(op: Tensor, fmt: TileFormat, w: np.ndarray, engine: str, n_threads: int) -> None:
     """MUL_MAT_ID: the used experts' columns from the ids (checked), then the kernel."""
-    from ggx_cpu.extension import expert_columns
-
-    a, b, ids = op.src[0], op.src[1], op.src[2]
-    experts = np.ascontiguousarray(tensor_array(ids)).reshape(ids.ne[1], ids.ne[0])
-    cols = expert_columns(experts, a.ne[2], b.ne[1])
-    wg = a.data_offset + cols.used * fmt.packed_nbytes((a.ne[0], a.ne[1], 1, 1))
+    a, b = op.src[0], op.src[1]
+    wg, cols = expert_offsets(op, fmt.packed_nbytes((a.ne[0], a.ne[1], 1, 1)))
     x = tensor_array(b).reshape(-1, a.ne[0])
     _bind(fmt, engine, w, wg, a.ne, x, cols.cstart, cols.ycol, cols.slot, False, tensor_array(op).reshape(-1),
           n_threads)()

@@ -17,18 +17,18 @@ def cpu():
 
 @pytest.fixture(scope="session")
 def amx_cpu(cpu):
-    cpu.extra_buffer_types()
+    registry.extra_buffer_types(cpu)
     dev = type(cpu)(cpu.reg)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENV_EMULATE, "1")
-        bufts = dev.extra_buffer_types()
+        bufts = registry.extra_buffer_types(dev)
     assert [b.name for b in bufts][:1] == ["AMX_EMULATED"], bufts
     return dev
 
 
 @pytest.fixture(scope="session")
 def amx_buft(amx_cpu) -> AmxBufferType:
-    return amx_cpu.extra_buffer_types()[0]
+    return registry.extra_buffer_types(amx_cpu)[0]
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from amx_testing import mul_mat_graph, mul_mat_id_graph, nmse, run_in
 
+from ggx import registry
 from ggx.alloc import alloc_tensors
 from ggx.errors import GGXError, GGXShapeError, GGXUnsupported
 from ggx.graph import Context, build_graph
@@ -24,11 +25,11 @@ SAME_DOTS = 1e-9
 
 
 def test_registered_before_repack(amx_cpu, amx_buft, cpu):
-    names = [b.name for b in amx_cpu.extra_buffer_types()]
+    names = [b.name for b in registry.extra_buffer_types(amx_cpu)]
     assert names[0] == "AMX_EMULATED" and "CPU_REPACK" in names[1:]
     assert PRIORITY_AMX < PRIORITY_REPACK
     assert amx_cpu.supports_buft(amx_buft) and not cpu.supports_buft(amx_buft)
-    assert "AMX_EMULATED" not in [b.name for b in cpu.extra_buffer_types()]  # the session's CPU: untouched
+    assert "AMX_EMULATED" not in [b.name for b in registry.extra_buffer_types(cpu)]  # the session's CPU: untouched
 
 
 def test_placement_tries_amx_first(amx_cpu):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from amx_testing import amx_cases, mul_mat_graph, mul_mat_id_graph, run_in
 
+from ggx import registry
 from ggx.conformance import PASS, Suite
 from ggx_amx.layout import FORMATS
 from ggx_cpu.extension import amx_support
@@ -21,7 +22,7 @@ TYPES = sorted(FORMATS, key=lambda t: t.name)
 
 @pytest.fixture(scope="module")
 def amx_real(cpu):
-    found = [b for b in cpu.extra_buffer_types() if b.name == "AMX"]
+    found = [b for b in registry.extra_buffer_types(cpu) if b.name == "AMX"]
     assert found, f"AMX is usable ({WHY}) but the CPU device has no AMX buffer type"
     return found[0]
 

@@ -6,9 +6,10 @@ and answering supports_op stay cheap.
 
 - Memory is the host's: tensors live in the core's HostBufferType, named "CPU", or in any
   `is_host` buffer type (the kernels read it through `Buffer.host_view()`).
-- Extra buffer types (repack, AMX) are the ones plugins offer for this device, asked once
-  (`CpuDevice.extra_buffer_types`). An op whose src[0] lives in one is that type's to compute
-  when it accepts the op; otherwise every source must be host memory and the op/type pair one
+- Extra buffer types (repack, AMX) are the ones plugins offer for this device (the engine merges
+  them: `ggx.registry.extra_buffer_types(device)`); each knows its device, so the device supports
+  one by `buft.device is self`, without asking the registry. An op whose src[0] lives in one is
+  that type's to compute when it accepts the op; otherwise every source must be host memory and the op/type pair one
   the kernels take (ggml_backend_cpu_device_supports_op).
 - graph_compute binds every node's launch (view ops skipped) before running any and keeps the
   launches of a graph computed again (`launches`): an op whose src[0] lives in an extra buffer
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -42,9 +42,11 @@ from ggx.ops import Op
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from . import __version__, sysinfo
+from . import __version__, pool, sysinfo
 from .kernels import FLOAT_TYPES, LOAD_TYPES, SLOW_STORE_TYPES, STORE_TYPES
-from .launches import PreparedGraphs
+from .launch import planned
+from .prepared import PreparedGraphs
+from .traits import buft_of
 
 #: Op -> (module under ggx_cpu.kernels, function(node, n_threads) -> Launch); imported on first
 #: use, so that answering supports_op never loads numba.
@@ -105,11 +107,20 @@ def kernel_for(op: Op) -> Callable[[Tensor, int], Launch]:
     return fn
 
 
-def _buft_of(t: Tensor | None) -> BufferType | None:
-    if t is None:
-        return None
-    buf = t.data_buffer
-    return buf.buft if buf is not None else None
+def _extra_of(buft: BufferType | None, device: Device) -> bool:
+    """Is `buft` an extra buffer type of `device` (ggml: the CPU device's extra buffer types)?"""
+    return isinstance(buft, ExtraBufferType) and buft.device is device
+
+
+def _tokens(node: Tensor) -> int:
+    """The tokens a node's work is for: a product's activation columns, attention's queries."""
+    if node.op is Op.FLASH_ATTN_EXT:
+        q = node.src[0]
+        return q.ne[1] * q.ne[3]
+    if node.op in (Op.MUL_MAT, Op.MUL_MAT_ID):
+        b = node.src[1]
+        return b.ne[1] * b.ne[2] * b.ne[3]
+    return node.ne[1] * node.ne[2] * node.ne[3]
 
 
 # --- the contracts ------------------------------------------------------------------------------
@@ -141,41 +152,45 @@ class CpuBackend(Backend):
         work = node.src[1] if op_id == _SET_ROWS_ID and len(node.src) > 1 else node
         return 1 if work.nelements < SMALL_OP_ELEMENTS else self.n_threads
 
+    def plan_for(self, node: Tensor) -> bool:
+        """How `node`'s split kernels run (the one place that decides): as jobs of the worker pool
+        (True) for one token's work, else as one parallel region over their parts. A decode step
+        runs ~150 such launches of a few to a few hundred microseconds: a region's fork and join
+        costs more than many of them, and it waits at every launch for each of its threads, a
+        descheduled one included, while a job never waits for a worker that has not started its
+        part. A batch's launches are few against their work, which a region shares out evenly."""
+        return self.n_threads > 1 and _tokens(node) == 1 and pool.enabled()
+
     def launch_for(self, node: Tensor) -> Launch | None:
         """Validate `node` and bind its kernel (None for a node with nothing to run): its src[0]'s
         extra buffer type first, else the kernel table. A type that declines keeps ggml's layout
-        in host memory (`is_host`), or the op cannot run here."""
+        in host memory (`is_host`), or the op cannot run here. Split kernels are planned here
+        (`plan_for`)."""
         if id(node.op) in _NOTHING_TO_RUN_IDS or node.nelements == 0:
             return None
-        buft = _buft_of(node.src[0] if node.src else None)
+        buft = buft_of(node.src[0] if node.src else None)
         if isinstance(buft, ExtraBufferType):
             f = buft.prepare_forward(node, self.n_threads)
             if f is not None:
-                return f
+                return planned(f, self.plan_for(node))
             if not buft.is_host:
                 raise GGXUnsupported(f"CPU: {node.describe()} reads {node.src[0].describe()} from {buft.name}, "
                                      "whose layout the CPU kernels cannot read, and its prepare_forward gave no "
                                      "launch (an extra buffer type must compute every op it accepts)")
-        return kernel_for(node.op)(node, self.threads_for(node))
+        return planned(kernel_for(node.op)(node, self.threads_for(node)), self.plan_for(node))
 
     def graph_compute(self, graph: Graph) -> None:
         """Run the graph's nodes in order; a graph computed again reuses its launches."""
         self.prepared.get(graph, self.n_threads, self.launch_for).run()
 
     def graph_prepare(self, graph: Graph) -> None:
-        """Validate the graph's nodes and bind their launches now (the next compute only calls them)."""
-        self.prepared.get(graph, self.n_threads, self.launch_for)
+        """Validate the graph's nodes and bind their launches now, fused (`prepared`): the next
+        compute only calls them. The scheduler prepares the graphs a model keeps."""
+        self.prepared.get(graph, self.n_threads, self.launch_for).fuse_now()
 
     def graph_profile(self, graph: Graph) -> list[tuple[Tensor, float]]:
-        """Compute `graph` through its kept launches, timing each (the work is synchronous)."""
-        prepared = self.prepared.get(graph, self.n_threads, self.launch_for)
-        clock = time.perf_counter
-        times = []
-        for node, f in zip(prepared.nodes, prepared.launches):
-            t0 = clock()
-            f()
-            times.append((node, clock() - t0))
-        return times
+        """Compute `graph` as graph_compute does (fused when prepared), timing each node."""
+        return self.prepared.get(graph, self.n_threads, self.launch_for).profile()
 
     def get_proc_address(self, name: str) -> Callable | None:
         if name == "set_n_threads":
@@ -218,24 +233,15 @@ class CpuDevice(Device):
             raise GGXUnsupported(f"CPU: host memory must be {self._buft.alignment}-byte aligned")
         return HostBuffer(self._buft, array.nbytes, memory=array.reshape(-1).view(np.uint8))
 
-    def extra_buffer_types(self) -> list[ExtraBufferType]:
-        """The extra buffer types plugins offer for this device, best first (ggml's CPU reg owns
-        its list): the registry's, which asks the plugins once per device and asks again after
-        plugins are loaded, registered or removed."""
-        from ggx import registry
-
-        return registry.extra_buffer_types(self)
-
     def supports_buft(self, buft: BufferType) -> bool:
-        return buft.is_host or any(buft is b for b in self.extra_buffer_types())
+        return buft.is_host or _extra_of(buft, self)
 
     def supports_op(self, op: Tensor) -> bool:
-        buft = _buft_of(op.src[0] if op.src else None)
-        if isinstance(buft, ExtraBufferType) and any(buft is b for b in self.extra_buffer_types()) \
-                and buft.supports_op(op):
+        buft = buft_of(op.src[0] if op.src else None)
+        if _extra_of(buft, self) and buft.supports_op(op):
             return True
         for s in op.src:
-            b = _buft_of(s)
+            b = buft_of(s)
             if b is not None and not b.is_host:
                 return False
         return op_supported(op)
@@ -286,14 +292,12 @@ class CpuBackendReg(BackendReg):
 
     def get_proc_address(self, name: str) -> Callable | None:
         """"set_n_threads" -> f(backend, n); "get_features" -> f() -> dict;
-        "dev_get_extra_bufts" -> f(device) -> list of extra buffer types."""
+        "dev_get_extra_bufts": BackendReg's (the engine's merged list)."""
         if name == "set_n_threads":
             return set_n_threads
         if name == "get_features":
             return sysinfo.get_features
-        if name == "dev_get_extra_bufts":
-            return CpuDevice.extra_buffer_types
-        return None
+        return super().get_proc_address(name)
 
 
 def set_n_threads(backend: Backend, n_threads: int) -> None:

@@ -3,16 +3,15 @@ such as ggx-repack or ggx-amx) builds its numba kernels from. Import only from h
 other module of ggx-cpu is internal and may change. Each name's docstring gives its semantics
 and layout; docs/plugin-authoring.md ("Extending ggx-cpu") walks through a kernel.
 
-Launches
+Launches (`ggx_cpu.launch`)
     `launch(kernel, *args, n_threads=1)`: a numba kernel bound to its compiled entry point, as
     the zero-argument `Launch` that `ExtraBufferType.prepare_forward` returns. `in_order(*launches)`.
-
-Worker threads (`ggx_cpu.pool`)
-    `parallel_launch(kernel, *args, parts=n)`: the `Launch` of an njit `kernel(part, parts,
-    *args)` split in parts that the caller and the process's persistent worker threads run, for
-    work too small for a numba parallel region (a decode step's gemv and attention): part -1 (a
-    prologue) and part `parts` (an epilogue) on the caller, 0..parts-1 once each wherever.
-    `workers_enabled()`: $GGX_CPU_WORKERS is not "0" (else bind the parallel-region kernel).
+    `split(kernel, *args, parts=n)`: the launch of a *split kernel*, an njit `kernel(part, parts,
+    *args)` written once: part -1 (a prologue) first, parts 0..parts-1 once each, part `parts`
+    (an epilogue) last. ggx-cpu's backend decides how it runs: as jobs of its worker pool (a
+    decode token's work) or as one parallel region over the parts (a batch). `Deferred(fn,
+    *args)`: a launch made at every compute by `fn(*args)` (data-dependent, as MUL_MAT_ID's),
+    planned like the launches it makes.
 
 ISA variants and dispatch
     `select(name=None)` / `available()` / `VARIANTS`: the variants ("avx512_vnni", "avx2",
@@ -32,6 +31,15 @@ Compile-time tokens of your own
 Activation quantizers (ggml's vec_dot_types, as a structure of arrays: see `Q8Act`)
     `quantize_rows_q8` (Q8_0 / Q8_1) and `quantize_rows_q8_K`, callable inside kernels;
     `act_launch` / `quantize_act` from the host.
+
+Extra buffer types (`ggx_cpu.traits`, ggml's ggml-cpu/traits.h; numba-free, so a plugin's
+buffer module may import it from there at discovery)
+    `CpuExtraBufferType(device)`: the base of an extra buffer type of the CPU device (CPU_REPACK,
+    AMX): device, alignment, the size check, `why_not` (`matmul_problem`, then your `refusal(op)`)
+    kept per op node, `supports_op`, and `prepare_forward` (refusal, empty node) calling your
+    `bind(op, n_threads)`; you give `name`, `buffer_class`, `get_alloc_size`, `refusal`, `bind`.
+    `expert_offsets(op, per_expert_nbytes)`: a MUL_MAT_ID's used experts' byte offsets and their
+    `ExpertColumns`. `buft_of(tensor)`: the buffer type its data lives in.
 
 Matrix products of an extra buffer type
     `matmul_problem(op, buft)`: why a MUL_MAT / MUL_MAT_ID node does not fit a kernel of `buft`
@@ -99,17 +107,14 @@ from .isa.simd import (
     zero_i32x8,
 )
 from .isa.tokens import IsaType, TokenType, register_token, token_constant
-from .kernels.common import in_order, launch
 from .kernels.extra_matmul import ExpertColumns, expert_columns, matmul_problem
 from .kernels.quantize_act import Q8Act, act_launch, quantize_act, quantize_rows_q8, quantize_rows_q8_K
-from .pool import enabled as workers_enabled
-from .pool import parallel_launch
+from .launch import Deferred, in_order, launch, split
+from .traits import CpuExtraBufferType, buft_of, expert_offsets
 
 __all__ = [
     # launches
-    "launch", "in_order",
-    # worker threads
-    "parallel_launch", "workers_enabled",
+    "launch", "in_order", "split", "Deferred",
     # ISA variants and dispatch
     "VARIANTS", "available", "select", "token", "IsaType", "amx_support", "amx_status",
     "dot_u8s8", "dot_s8s8", "dot_u8s8_scaled", "u8s8_saturates",
@@ -117,6 +122,8 @@ __all__ = [
     "TokenType", "register_token", "token_constant",
     # activation quantizers
     "Q8Act", "act_launch", "quantize_act", "quantize_rows_q8", "quantize_rows_q8_K",
+    # extra buffer types
+    "CpuExtraBufferType", "buft_of", "expert_offsets",
     # matrix products of an extra buffer type
     "matmul_problem", "ExpertColumns", "expert_columns",
     # SIMD vocabulary: types

@@ -118,19 +118,21 @@ def _scale_from(dev, extra):
     return w, node
 
 
-def _device_with(monkeypatch, *extras):
-    """A CPU device whose extra buffer types are `extras`."""
+def _device_with(*extras):
+    """A CPU device whose extra buffer types are `extras` (an extra buffer type belongs to the
+    device it names: the device supports it by `buft.device is self`)."""
     dev = CpuDevice()
-    monkeypatch.setattr(dev, "extra_buffer_types", lambda: list(extras))
+    for extra in extras:
+        extra._dev = dev
     return dev
 
 
-def test_extra_buffer_types_are_asked_first(monkeypatch):
+def test_extra_buffer_types_are_asked_first():
     """A launch from the extra type runs instead of the CPU kernel; an is_host type may decline
     and let the CPU kernel run."""
     ran = []
     extra = FakeExtra(None, launch=lambda: ran.append(True))
-    dev = _device_with(monkeypatch, extra)
+    dev = _device_with(extra)
     w, node = _scale_from(dev, extra)
     assert dev.supports_buft(extra)
     assert dev.supports_op(node) and dev.supports_op(ggx.Context().silu(w))
@@ -139,37 +141,41 @@ def test_extra_buffer_types_are_asked_first(monkeypatch):
     assert not ggx.host.tensor_array(node).any()  # the CPU kernel did not run
 
     declining = FakeExtra(None)
-    dev = _device_with(monkeypatch, declining)
+    dev = _device_with(declining)
     w, node = _scale_from(dev, declining)
     dev.init_backend(n_threads=1).graph_compute(ggx.build_graph(node))
     assert declining.calls == [(ggx.Op.SCALE, 1)]
     assert np.array_equal(ggx.host.tensor_array(node).reshape(-1), 2 * np.arange(16, dtype=np.float32))
 
 
-def test_a_transforming_extra_type_must_give_a_launch(monkeypatch):
+def test_a_transforming_extra_type_must_give_a_launch():
     """No CPU kernel can read a layout that is not host memory: declining is an error naming the type."""
     extra = FakeExtra(None, host=False)
-    dev = _device_with(monkeypatch, extra)
+    dev = _device_with(extra)
     w, node = _scale_from(dev, extra)
     assert dev.supports_op(node) and not dev.supports_op(ggx.Context().silu(w))
     with pytest.raises(GGXUnsupported, match="FAKE.*no launch"):
         dev.init_backend(n_threads=1).graph_compute(ggx.build_graph(node))
 
 
-def test_an_extra_type_of_another_device_is_not_asked(monkeypatch):
-    extra = FakeExtra(None, host=False)
-    dev = _device_with(monkeypatch)
+def test_an_extra_type_of_another_device_is_not_asked():
+    extra = FakeExtra(CpuDevice(), host=False)
+    dev = _device_with()
     _, node = _scale_from(dev, extra)
     assert not dev.supports_buft(extra) and not dev.supports_op(node)
 
 
-def test_the_device_takes_its_extra_buffer_types_from_the_registry():
-    """The registry asks the plugins once per device and again after plugins change: the device
-    answers from it, so a reload (another GGX_DISABLE_PLUGINS) is never answered from a stale list."""
-    dev = CpuDevice()
-    assert [b.name for b in dev.extra_buffer_types()] == [b.name for b in registry.extra_buffer_types(dev)]
-    assert dev.extra_buffer_types() == registry.extra_buffer_types(dev)
-    assert backend_reg().get_proc_address("dev_get_extra_bufts")(dev) == dev.extra_buffer_types()
+def test_the_plugins_extra_buffer_types_belong_to_the_device():
+    """The CPU device has no extra buffer types of its own and never asks the registry: the engine
+    merges the plugins' (`registry.extra_buffer_types`, also what "dev_get_extra_bufts" answers),
+    and each of them names this device, which is how the device supports it."""
+    dev = registry.get_device("CPU")
+    assert dev.extra_buffer_types() == []
+    merged = registry.extra_buffer_types(dev)
+    assert backend_reg().get_proc_address("dev_get_extra_bufts")(dev) == merged
+    assert all(b.device is dev and dev.supports_buft(b) for b in merged)
+    other = CpuDevice()
+    assert not any(other.supports_buft(b) for b in merged if not b.is_host)
 
 
 def test_buffer_from_host_ptr(dev):

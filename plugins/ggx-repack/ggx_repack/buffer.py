@@ -24,12 +24,13 @@ import weakref
 
 import numpy as np
 
-from ggx.backend import BufferType, Device, ExtraBufferType, Launch
-from ggx.errors import GGXOutOfMemory, GGXUnsupported
+from ggx.backend import Device, Launch
+from ggx.errors import GGXUnsupported
 from ggx.host import TransformedBuffer, tensor_array
 from ggx.ops import Op
 from ggx.tensor import Tensor
 from ggx.types import GType
+from ggx_cpu.traits import CpuExtraBufferType, expert_offsets
 
 from .layouts import Layout, optimal_layout, repack
 
@@ -60,7 +61,7 @@ class RepackBuffer(TransformedBuffer):
         return repack(lay, data, tensor.ne)
 
 
-class RepackBufferType(ExtraBufferType):
+class RepackBufferType(CpuExtraBufferType):
     """The CPU_REPACK extra buffer type of one CPU device.
 
     `forced` maps weight types to layouts that win over the selection table (testing any layout
@@ -68,26 +69,13 @@ class RepackBufferType(ExtraBufferType):
     """
 
     name = NAME
+    buffer_class = RepackBuffer
 
     def __init__(self, device: Device, forced: dict[GType, Layout] | None = None):
-        self._device = device
+        super().__init__(device)
         self.forced = forced
-        # per weight: (type, ne, its layout); per op node: (its sources' buffer types, why_not)
+        # per weight: (type, ne, its layout)
         self._layouts: weakref.WeakKeyDictionary[Tensor, tuple] = weakref.WeakKeyDictionary()
-        self._verdicts: weakref.WeakKeyDictionary[Tensor, tuple] = weakref.WeakKeyDictionary()
-
-    @property
-    def device(self) -> Device:
-        return self._device
-
-    @property
-    def alignment(self) -> int:
-        return 64
-
-    def alloc_buffer(self, size: int) -> RepackBuffer:
-        if size < 0 or size > self.max_size:
-            raise GGXOutOfMemory(f"{NAME}: {size} bytes is more than max_size {self.max_size}")
-        return RepackBuffer(self, size)
 
     def layout_for(self, t: Tensor) -> Layout | None:
         """The layout weight `t` gets here, or None (not a repackable weight on this CPU).
@@ -108,45 +96,14 @@ class RepackBufferType(ExtraBufferType):
         return max(tensor.nbytes, lay.packed_nbytes(tensor.ne)) if lay is not None else tensor.nbytes
 
     # --- ops ------------------------------------------------------------------------------------
-    def why_not(self, op: Tensor) -> str | None:
-        """Why `op` cannot run on this buffer type (None: it can).
-
-        Kept per op node with the buffer types of its sources: a node's type, shape and sources
-        are fixed once built, but their storage is not (placement asks with the weight in a
-        temporary buffer, before the activations have any)."""
-        storage = tuple(_buft_of(s) for s in op.src)
-        kept = self._verdicts.get(op)
-        if kept is not None and kept[0] == storage:
-            return kept[1]
-        why = self._why_not(op)
-        self._verdicts[op] = (storage, why)
-        return why
-
-    def _why_not(self, op: Tensor) -> str | None:
-        from ggx_cpu.extension import matmul_problem
-
-        why = matmul_problem(op, self)
-        if why is None and self.layout_for(op.src[0]) is None:
+    def refusal(self, op: Tensor) -> str | None:
+        if self.layout_for(op.src[0]) is None:
             return f"weight {op.src[0].describe()} has no repacked layout on this CPU (ISA {_isa()})"
-        return why
+        return None
 
-    def supports_op(self, op: Tensor) -> bool:
-        return self.why_not(op) is None
-
-    def prepare_forward(self, op: Tensor, n_threads: int = 1) -> Launch:
-        """The launch of an op supports_op accepted; GGXUnsupported naming why for any other."""
-        why = self.why_not(op)
-        if why is not None:
-            raise GGXUnsupported(f"{NAME}: cannot compute {op.describe()}: {why}")
-        if op.nelements == 0:
-            return _nothing
+    def bind(self, op: Tensor, n_threads: int) -> Launch:
         a = op.src[0]
         return _launch(op, self.layout_for(a), a.data_buffer.packed_bytes(), n_threads)
-
-
-def _buft_of(t: Tensor | None) -> BufferType | None:
-    buf = t.data_buffer if t is not None else None
-    return buf.buft if buf is not None else None
 
 
 # --- compute ----------------------------------------------------------------------------------------
@@ -165,13 +122,8 @@ def _columns(op: Tensor, lay: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarra
     if op.op is Op.MUL_MAT:  # one matrix for every column of b (b's dims 2/3 broadcast over it)
         wg, cstart, cols = _mul_mat_plan(off, b.ne[1] * b.ne[2] * b.ne[3])
         return wg, cstart, cols, cols
-    from ggx_cpu.extension import expert_columns
-
-    ids = op.src[2]
-    experts = np.ascontiguousarray(tensor_array(ids)).reshape(ids.ne[1], ids.ne[0])
-    cols = expert_columns(experts, a.ne[2], b.ne[1])
-    per_expert = lay.packed_nbytes((a.ne[0], a.ne[1], 1, 1))
-    return (off + cols.used * per_expert).astype(np.int64), cols.cstart, cols.ycol, cols.slot
+    wg, cols = expert_offsets(op, lay.packed_nbytes((a.ne[0], a.ne[1], 1, 1)))
+    return wg, cols.cstart, cols.ycol, cols.slot
 
 
 def _f32_rows(t: Tensor, k: int) -> np.ndarray | None:
@@ -192,20 +144,18 @@ def _lane_rows(lay: Layout) -> np.ndarray:
     return lane_rows(lay)
 
 
-def _nothing() -> None:
-    """The launch of an empty matmul."""
-
-
 def _launch(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> Launch:
     """A MUL_MAT over contiguous activations and destination binds the kernel once (its columns
     do not depend on data); MUL_MAT_ID (columns grouped by the ids' values) and strided
-    tensors go through `_run` every time."""
+    tensors are made again at every compute (`_made`)."""
+    from ggx_cpu.extension import Deferred
+
     if op.op is not Op.MUL_MAT:
-        return functools.partial(_run, op, lay, w, n_threads)
+        return Deferred(_made, op, lay, w, n_threads)
     K, M = op.src[0].ne[0], op.src[0].ne[1]
     x, rows = _f32_rows(op.src[1], K), _f32_rows(op, M)
     if x is None or rows is None:
-        return functools.partial(_run, op, lay, w, n_threads)
+        return Deferred(_made, op, lay, w, n_threads)
     return _bind(op, lay, w, x, rows.reshape(-1), n_threads)
 
 
@@ -218,46 +168,49 @@ def _mul_mat_tiles(lay: Layout, n: int, K: int) -> tuple[np.ndarray, np.ndarray,
 
 
 def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray, n_threads: int) -> Launch:
-    """One compiled call that quantizes the activations x [n, K], then runs a parallel kernel over
-    (matrix, row group) into out: `tiles.tile_mm` (register tiles) where the ISA variant has it
-    for this layout and some matrix multiplies more than one column (or repack_mm has no kernel
-    for the layout), else `kernels.repack_mm` (its register gemv), or for one activation row on
-    more than one thread its chunks as a job of ggx-cpu's worker threads (`repack_mm_part`)."""
+    """The product of the activations x [n, K] with the repacked weight into out, as split
+    kernels (ggx-cpu's `split`; its backend runs them as jobs of its worker threads for one
+    token, as parallel regions for a batch): `tiles.tile_mm` (register tiles) where the ISA
+    variant has it for this layout and some matrix multiplies more than one column (or
+    repack_mm has no kernel for the layout), else `kernels.repack_mm` (its register gemv). The
+    product's prologue quantizes the activations into the launch's scratch, or for a batch worth
+    sharing out a split of its own does first (`tiles.tile_quant`, `kernels.quant_rows`)."""
     import numba
 
-    from ggx_cpu.extension import launch, parallel_launch, select, token, workers_enabled
+    from ggx_cpu.extension import in_order, select, split, token
 
-    from .kernels import act_scratch, repack_mm, repack_mm_part, runs_in_repack_mm
+    from .kernels import QUANT_PARALLEL_MIN, act_scratch, quant_rows, repack_mm, runs_in_repack_mm
     from .tiles import has_tiles, tile_plan
 
     K, M = op.src[0].ne[0], op.src[0].ne[1]
     wg, cstart, ycol, ocol = _columns(op, lay)
     n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
     nbk = K // lay.block_size
+    rows = x.shape[0]
     if has_tiles(lay.name, select(), M) and (np.max(np.diff(cstart)) > 1 or not runs_in_repack_mm(lay)):
         if op.op is Op.MUL_MAT:
             tiles, tstart, n_ya, n_sc = _mul_mat_tiles(lay, len(ycol), K)
         else:
             tiles, tstart, n_ya, n_sc = tile_plan(cstart, lay.name, K)
-        from .tiles import tile_mm, tile_mm_part, tile_scratch
+        from .tiles import tile_mm, tile_quant, tile_scratch
 
-        if n > 1 and x.shape[0] == 1 and workers_enabled():  # one token, as below
-            return parallel_launch(tile_mm_part, lay, w, wg, lay.group_bytes, nbk, K, M, x, tiles, tstart, ycol, ocol,
-                                   out, *tile_scratch(lay, n_ya, n_sc), parts=n)
-        return launch(tile_mm, lay, w, wg, lay.group_bytes, nbk, K, M, x, tiles, tstart, n_ya, n_sc,
-                      ycol, ocol, out, n, n_threads=n)
-    if n > 1 and x.shape[0] == 1 and workers_enabled():
-        # one token: a parallel region each would cost more than ggx-cpu's worker threads
-        # (docs/perf-notes.md, "Worker threads and fused launches")
-        return parallel_launch(repack_mm_part, token(), lay, w, wg, lay.group_bytes, nbk, K, M, x, cstart, ycol,
-                               ocol, _lane_rows(lay), out, *act_scratch(lay, 1, K), parts=n)
-    return launch(repack_mm, token(), lay, w, wg, lay.group_bytes, nbk, K, M,
-                  x, cstart, ycol, ocol, _lane_rows(lay), out, n, n_threads=n)
+        scratch = tile_scratch(lay, n_ya, n_sc)
+        nq = 1 if rows == 1 else max(1, min(n, tiles.shape[0]))
+        mm = split(tile_mm, lay, w, wg, lay.group_bytes, nbk, K, M, x, tiles, tstart, ycol, ocol, out, *scratch,
+                   nq == 1, parts=n)
+        return mm if nq == 1 else in_order(split(tile_quant, lay, x, ycol, tiles, nbk, *scratch, parts=nq), mm)
+    scratch = act_scratch(lay, rows, K)
+    nq = min(rows, 4 * n) if rows * K >= QUANT_PARALLEL_MIN and n > 1 and rows > 1 else 1
+    mm = split(repack_mm, token(), lay, w, wg, lay.group_bytes, nbk, K, M, x, cstart, ycol, ocol, _lane_rows(lay),
+               out, *scratch, nq == 1, parts=n)
+    return mm if nq == 1 else in_order(split(quant_rows, lay, x, *scratch, parts=nq), mm)
 
 
-def _run(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> None:
-    """The launch of a data-dependent or strided matmul, made and run now: strided b is copied
-    to contiguous rows, a strided destination computed into a copy and written through."""
+def _made(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> Launch:
+    """The launch of a data-dependent or strided matmul, made at every compute: strided b is
+    copied to contiguous rows, a strided destination computed into a copy and written through."""
+    from ggx_cpu.extension import in_order
+
     b = op.src[1]
     K, M = op.src[0].ne[0], op.src[0].ne[1]
     x = _f32_rows(b, K)
@@ -265,9 +218,11 @@ def _run(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> None:
         x = np.ascontiguousarray(tensor_array(b), dtype=np.float32).reshape(-1, K)
     rows = _f32_rows(op, M)
     if rows is not None:
-        _bind(op, lay, w, x, rows.reshape(-1), n_threads)()
-        return
+        return _bind(op, lay, w, x, rows.reshape(-1), n_threads)
     view = tensor_array(op)
     out = np.empty(view.size, np.float32)
-    _bind(op, lay, w, x, out, n_threads)()
+    return in_order(_bind(op, lay, w, x, out, n_threads), functools.partial(_write_through, view, out))
+
+
+def _write_through(view: np.ndarray, out: np.ndarray) -> None:
     view[...] = out.reshape(view.shape)

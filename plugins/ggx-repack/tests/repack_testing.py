@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ggx import registry
 from ggx.conformance.harness import execute, unsupported_nodes, weight_uses, weights_refused
 from ggx.graph import build_graph
 from ggx.tensor import Tensor
@@ -12,8 +13,8 @@ from ggx_repack.buffer import RepackBufferType
 
 def repack_buft(device) -> RepackBufferType:
     """The CPU_REPACK buffer type of `device`."""
-    found = [b for b in device.extra_buffer_types() if isinstance(b, RepackBufferType)]
-    assert len(found) == 1, device.extra_buffer_types()
+    found = [b for b in registry.extra_buffer_types(device) if isinstance(b, RepackBufferType)]
+    assert len(found) == 1, registry.extra_buffer_types(device)
     return found[0]
 
 

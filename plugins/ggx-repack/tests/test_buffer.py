@@ -148,9 +148,11 @@ def test_a_weight_layout_is_chosen_once(cpu, monkeypatch):
 def test_why_not_runs_once_per_op_and_storage(cpu, monkeypatch):
     """The verdict is kept per op node, and asked again only when its sources' storage changed
     (the scheduler may ask before the activations have storage, the backend after)."""
+    import ggx_cpu.traits
+
     asked = []
-    real = RepackBufferType._why_not
-    monkeypatch.setattr(RepackBufferType, "_why_not", lambda self, op: asked.append(op) or real(self, op))
+    real = ggx_cpu.traits.matmul_problem  # the first check of every verdict (the base's why_not)
+    monkeypatch.setattr(ggx_cpu.traits, "matmul_problem", lambda op, buft: asked.append(op) or real(op, buft))
     buft = repack_buft(cpu)
     ctx = Context()
     w = weight(ctx)
