@@ -184,9 +184,9 @@ class MeasuredCosts(Protocol):
         """Seconds of the reference workload over one weight of type `gtype` in buffer type `buft`
         (one 512-token prompt and 128 decode steps), or None when not measured."""
 
-    def ratios(self, buft: str, other: str, gtype: str) -> str:
-        """`buft`'s speed relative to `other` for `gtype`, per batch, for messages ("batch 1:
-        0.7x, prompt: 0.5x")."""
+    def compare(self, buft: str, other: str, gtype: str) -> str:
+        """`buft`'s speed relative to `other` for `gtype`, for messages: "0.60x CPU_REPACK for
+        Q6_K on this CPU (batch 1: 0.74x, a 512-token prompt: 0.55x)"."""
 
 
 def parse_buft_overrides(overrides: Mapping[str, str] | Iterable[str | tuple[str | re.Pattern, str]] | None
@@ -271,15 +271,13 @@ class BuftChooser:
         best_s, best = min(timed, key=lambda x: x[0], default=(base, first))
         if best is not first and best_s * (1 + MARGIN) < base:
             self._note(best, f"{gtype} {base / best_s:.2f}x {first.name}")
-            self.losses.setdefault(id(first), f"{first.name} {self.costs.ratios(first.name, best.name, gtype)} "
-                                              f"{best.name} for {gtype} on this CPU")
+            self.losses.setdefault(id(first), f"{first.name} {self.costs.compare(first.name, best.name, gtype)}")
             return best
         for s, b in timed:
             if b is not first:
                 self._note(first, f"{gtype} {s / base:.2f}x {b.name}")
                 if s >= base:
-                    self.losses.setdefault(id(b), f"{b.name} {self.costs.ratios(b.name, first.name, gtype)} "
-                                                  f"{first.name} for {gtype} on this CPU")
+                    self.losses.setdefault(id(b), f"{b.name} {self.costs.compare(b.name, first.name, gtype)}")
                 else:
                     self.losses.setdefault(id(b), f"{b.name} {base / s:.2f}x {first.name} for {gtype} on this "
                                                   f"CPU, within the {MARGIN:.0%} margin: the priority order stands")

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..backend import Buffer, BufferType, BufferUsage, Device
 from ..graph import Context
-from ..placement import LayerSplit, PlacementReport, alloc_weights, select_buft
+from ..placement import BuftChooser, LayerSplit, PlacementReport, alloc_weights
 from ..tensor import Tensor, TensorFlag
 from ..types import GType
 from .gguf_file import GGUFFile
@@ -126,12 +126,14 @@ def mappable(buft: BufferType) -> bool:
 def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
                  bufts: Sequence[BufferType] | BuftsOf, host_buft: BufferType,
                  progress: bool = False, host_experts: bool = False, fuse: bool = True,
-                 candidates: Sequence[BufferType] | None = None, use_mmap: bool = True) -> Weights:
+                 candidates: Sequence[BufferType] | None = None, use_mmap: bool = True,
+                 chooser: BuftChooser | None = None) -> Weights:
     """Every tensor the graph reads (`expected`: name -> ne, the architecture's list), as
     leaves in device buffers.
 
-    Each weight goes to the first of `bufts` (`ggx.placement.buft_list`) that supports its
-    representative op; `bufts` may instead be a function of the weight's name giving its own
+    Each weight goes to the buffer type `chooser` picks among `bufts` (`ggx.placement.buft_list`)
+    for its representative op (default: the first that supports it; see `BuftChooser` for
+    overrides and measured profiles); `bufts` may instead be a function of the weight's name giving its own
     list (`split_bufts`: a layer split), and `candidates` then lists every buffer type for the
     placement report (default: those lists' buffer types in order of first use). `host_buft`
     is the host memory that `host_experts` keeps expert stacks in.
@@ -171,6 +173,7 @@ def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
             return every
 
         candidates = every if candidates is None else candidates
+    chooser = chooser or BuftChooser()
     seen: list[BufferType] = []  # the candidates met, in order (the report's default)
     for name, ne in shapes.items():
         t = Tensor(f.tensor(sources[name][0]).type, ne, name=name)
@@ -180,7 +183,7 @@ def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
         else:
             mine = bufts_of(name)
             seen.extend(b for b in mine if not any(b is s for s in seen))
-            buft = select_buft(t, representative_op(t, name, hp), mine, refusals)
+            buft = chooser.select(t, representative_op(t, name, hp), mine, refusals)
         if name == OUTPUT and hp.tied_output and buft is placed_in[EMBD]:
             weights[OUTPUT] = weights[EMBD]  # same buffer type as the embedding: no copy
             continue
@@ -200,7 +203,8 @@ def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
             for i in infos:
                 f.release(i.offset, i.nbytes)
             advance(t.nbytes)
-    return Weights(weights, buffers, PlacementReport.of(placed, seen if candidates is None else candidates, refusals),
+    return Weights(weights, buffers, PlacementReport.of(placed, seen if candidates is None else candidates, refusals,
+                                                        chooser),
                    sum(t.nbytes for t, _ in mapped))
 
 
