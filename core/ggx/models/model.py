@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import tune
 from ..errors import GGXContextOverflow, GGXShapeError, GGXStateError, GGXValueError
 from ..graph import Context, Graph, build_graph
 from ..host import trim_heap
@@ -118,13 +119,19 @@ class Model:
     per split device) or to its free memory. A layer's weights and KV cache live on its device,
     so it runs there; the token embedding stays in host memory and the output layer goes with
     the last layer. `layer_split` (ggx.placement.LayerSplit) says which device got what.
+
+    A weight takes the first candidate buffer type that supports it, unless `buft_overrides`
+    ({REGEX: BUFT} or "REGEX=BUFT" strings, llama.cpp's --override-tensor) forces one for the
+    weights whose names match, or a measured profile (`ggx.tune`: `tune_profile` a Profile or
+    file, False for none; default this machine's from `ggx tune`) finds a faster one by more than
+    ggx.placement.MARGIN; `placement` names the figures.
     """
 
     def __init__(self, path: str | Path, devices: Sequence[str] | None = None, n_threads: int | None = None,
                  n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH, flash_attn: bool = True,
                  progress: bool = False, host_experts: bool = False, fuse: bool = True,
                  tensor_split: Sequence[float] | None = None, swa_full: bool = False, warmup: bool = True,
-                 use_mmap: bool = True):
+                 use_mmap: bool = True, buft_overrides: object = None, tune_profile: object = None):
         t0 = time.perf_counter()
         kernels0 = compile_seconds()
         if n_ctx is not None and n_ctx <= 0:
@@ -149,7 +156,8 @@ class Model:
         loaded = load_weights(self.file, self.hp, self.arch.expected_tensors(self.hp), bufts,
                               self.runner.host.buffer_type(),
                               progress=progress, host_experts=host_experts, fuse=fuse,
-                              candidates=self.runner.weight_bufts, use_mmap=use_mmap)
+                              candidates=self.runner.weight_bufts, use_mmap=use_mmap,
+                              chooser=tune.chooser(self.runner.host, tune_profile, buft_overrides))
         self.weights, self.weight_buffers = loaded.tensors, loaded.buffers
         #: bytes of weights that are views of the file (`use_mmap`): every evaluation first checks
         #: that the file is unchanged (GGUFFile.check_unchanged), as reading a truncated map kills
