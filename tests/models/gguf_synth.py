@@ -83,10 +83,14 @@ class _Writer:
 
 def write_tiny_llama(path: Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                      n_ff: int = 96, n_expert: int = 0, n_expert_used: int = 0, wtype: str = "Q4_1",
-                     tied: bool = True, seed: int = 0, n_ctx_train: int = 512) -> Path:
-    """A random-weight llama GGUF (weights of type `wtype`, Q8_0 embedding, F32 norms and router)."""
+                     tied: bool = True, seed: int = 0, n_ctx_train: int = 512,
+                     chat_template: str | None = None) -> Path:
+    """A random-weight llama GGUF (weights of type `wtype`, Q8_0 embedding, F32 norms and router),
+    with `chat_template` as tokenizer.chat_template when given."""
     wr = _Writer(path, "llama", n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                  seed=seed, n_ctx_train=n_ctx_train)
+    if chat_template is not None:
+        wr.w.add_chat_template(chat_template)
     if n_expert:
         wr.w.add_expert_count(n_expert)
         wr.w.add_expert_used_count(n_expert_used)
@@ -143,4 +147,64 @@ def write_tiny_gemma3(path: Path, *, n_layer: int = 3, n_embd: int = 64, n_head:
         add(b + "ffn_down.weight", (n_ff, e), wtype, 0.2)
         wr.add_norm(b + "post_ffw_norm.weight", e)
     wr.w.add_tensor("output_norm.weight", np.ones(e, dtype=np.float32))
+    return wr.close(path)
+
+
+def write_tiny_qwen(path: Path, arch: str, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                    head_dim: int | None = None, n_ff: int = 64, n_expert: int = 4, n_expert_used: int = 2,
+                    wtype: str = "Q8_0", seed: int = 3, drop: tuple[str, ...] = (),
+                    replace: dict[str, tuple[tuple[int, ...], str]] | None = None,
+                    metadata: dict[str, int] | None = None) -> Path:
+    """A random-weight qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms, head size `head_dim`) or
+    qwen3moe (qwen3 attention, `n_expert` experts of `n_ff`) GGUF with RoPE base 1e6. For
+    validation tests: `drop` leaves tensors out, `replace` gives tensors another ne and type,
+    `metadata` sets (or, with None, leaves out) `{arch}.*` keys."""
+    moe = arch == "qwen3moe"
+    wr = _Writer(path, arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+                 seed=seed, n_ctx_train=1024, head_dim=head_dim, rope_base=1e6, rms_eps=1e-6)
+    keys = {f"{arch}.expert_count": n_expert, f"{arch}.expert_used_count": n_expert_used,
+            f"{arch}.expert_feed_forward_length": n_ff} if moe else {}
+    keys.update({f"{arch}.{k}": v for k, v in (metadata or {}).items()})
+    for k, v in keys.items():
+        if v is not None:
+            wr.w.add_uint32(k, v)
+    d = head_dim or n_embd // n_head
+    e, q, kv = n_embd, d * n_head, d * n_head_kv
+    replace = replace or {}
+
+    def add(name, ne, kind, scale=0.3):
+        if name in drop:
+            return
+        ne, kind = replace.get(name, (ne, kind))
+        if kind == "norm":
+            wr.add_norm(name, ne[0])
+        else:
+            wr.add(name, ne, kind, scale)
+
+    add("token_embd.weight", (e, wr.n_vocab), "Q8_0", 1.0)
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        add(b + "attn_norm.weight", (e,), "norm")
+        add(b + "attn_q.weight", (e, q), wtype)
+        add(b + "attn_k.weight", (e, kv), wtype)
+        add(b + "attn_v.weight", (e, kv), wtype)
+        if arch == "qwen2":
+            add(b + "attn_q.bias", (q,), "F32", 0.5)
+            add(b + "attn_k.bias", (kv,), "F32", 0.5)
+            add(b + "attn_v.bias", (kv,), "F32", 0.5)
+        else:
+            add(b + "attn_q_norm.weight", (d,), "norm")
+            add(b + "attn_k_norm.weight", (d,), "norm")
+        add(b + "attn_output.weight", (q, e), wtype, 0.2)
+        add(b + "ffn_norm.weight", (e,), "norm")
+        if moe:
+            add(b + "ffn_gate_inp.weight", (e, n_expert), "F32", 0.5)
+            add(b + "ffn_gate_exps.weight", (e, n_ff, n_expert), wtype)
+            add(b + "ffn_up_exps.weight", (e, n_ff, n_expert), wtype)
+            add(b + "ffn_down_exps.weight", (n_ff, e, n_expert), wtype, 0.2)
+        else:
+            add(b + "ffn_gate.weight", (e, n_ff), wtype)
+            add(b + "ffn_up.weight", (e, n_ff), wtype)
+            add(b + "ffn_down.weight", (n_ff, e), wtype, 0.2)
+    add("output_norm.weight", (e,), "norm")
     return wr.close(path)

