@@ -94,7 +94,7 @@ class BufferType(ABC):
 
 class ExtraBufferType(BufferType):
     """A host-side buffer type whose weights a host backend computes from (ggml's extra buffer
-    types: repack, AMX), found through `Device.extra_buffer_types()`.
+    types: repack, AMX), found through `ggx.registry.extra_buffer_types(device)`.
 
     A *transforming* type (`is_host` False: repack, AMX) rewrites the whole tensor in `set_tensor`
     (offset 0) into its own layout; its buffers are write-only and no CPU kernel can read them,

@@ -53,15 +53,16 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def ggx_backend_reg() -> BackendReg | None:
     """Return this plugin's backend registration, or None when it registers no devices.
 
-    The result must be a `ggx.backend.BackendReg` instance whose integer `api_version` equals
-    `ggx.backend.API_VERSION`; otherwise the plugin is recorded as failed and the message names
-    both version numbers. Its `devices()` is called once, at load time, and must return a list
-    of `ggx.backend.Device`. A plugin that only adds extra buffer types (repack, AMX) returns
-    None here and implements `ggx_extra_buffer_types` instead.
+    The plugin module states the core API version it was built against, `GGX_API_VERSION = 1`
+    (a number of its own); the registry refuses one that states another (or, installed, none),
+    naming both numbers, before any hook runs. The result must be a `ggx.backend.BackendReg`
+    (whose `api_version`, when not None, is checked the same way). Its `devices()` is called
+    once, at load time, and must return a list of `ggx.backend.Device`. A plugin that only adds
+    extra buffer types (repack, AMX) returns None here and implements `ggx_extra_buffer_types`.
 
     Capabilities beyond the contract are looked up by name through
     `BackendReg.get_proc_address(name)`; the default answers "dev_get_extra_bufts" with a
-    callable `(device) -> device.extra_buffer_types()` (ggml's name). By convention
+    callable `(device) -> ggx.registry.extra_buffer_types(device)` (ggml's name). By convention
     "get_features" gives a callable `() -> dict[str, str]` (or a list of `(name, value)` pairs)
     describing the build, e.g. the selected ISA variant; `ggx devices` shows it.
     """
@@ -81,7 +82,7 @@ def ggx_extra_buffer_types(device: Device) -> list[tuple[int, ExtraBufferType]] 
     `ggx.backend.ExtraBufferType` instance.
 
     Called lazily, once per device, the first time that device's extra buffer types are asked
-    for (`ggx.registry.extra_buffer_types(device)`; the CPU device takes its list from there).
+    for (`ggx.registry.extra_buffer_types(device)`, which merges them after the device's own).
     A plugin whose hook raises or returns anything else is recorded as failed and contributes no
     extra buffer types; devices it registered stay available.
     """
