@@ -12,6 +12,9 @@ Cases the device does not support are reported as skipped ("not supported: ...")
 `--ggx-buft CPU_REPACK` runs the MUL_MAT / MUL_MAT_ID cases with their weights in that extra buffer
 type (ids `ggx-conformance[cpu,CPU_REPACK]::...`). The terminal summary lists the skips per op and
 every tolerance bound of the device's own that a case was judged by (`Device.max_nmse_err`).
+`--ggx-model [MODEL]` runs model mode instead (ggx.conformance.model): one item per backend,
+`ggx-conformance[cpu]::model:<file>`, the model (default: the default model cut to
+`--ggx-model-layers`, 2) through the device against the reference, node by node.
 The plugin is deliberately not registered under the `pytest11` entry point: it loads only when
 asked for with `-p ggx.testing` (or `pytest_plugins = ["ggx.testing"]` in a conftest), so it
 never intrudes on unrelated test runs. It also provides the `ggx_device` fixture (the device of
@@ -35,6 +38,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--ggx-buft", default=None, metavar="BUFT",
                     help="put the weights of MUL_MAT / MUL_MAT_ID cases in this extra buffer type of the "
                          "device (e.g. CPU_REPACK); only those cases run")
+    group.addoption("--ggx-model", nargs="?", const="", default=None, metavar="MODEL",
+                    help="model mode: the model (default: the default model) through each backend against the "
+                         "reference, node by node, instead of the op cases")
+    group.addoption("--ggx-model-layers", type=int, default=None, metavar="N",
+                    help="model mode: cut the model to its first N layers (default 2; 0: the whole model)")
+    group.addoption("--ggx-model-steps", type=int, default=None, metavar="N",
+                    help="model mode: decode steps after the prompt (default 1)")
 
 
 class ConformanceFailure(AssertionError):
@@ -71,6 +81,30 @@ class ConformanceItem(pytest.Item):
         return self.path, None, f"ggx conformance [{self.suite.device.name}] {self.name}"
 
 
+class ModelItem(pytest.Item):
+    """Model mode against one device (ggx.conformance.model)."""
+
+    def __init__(self, *, device, buft, model, layers, steps, **kwargs):
+        super().__init__(**kwargs)
+        self.device, self.buft, self.model, self.layers, self.steps = device, buft, model, layers, steps
+
+    def runtest(self) -> None:
+        from .conformance.model import model_check
+        from .conformance.runner import FAIL
+
+        r, _ = model_check(self.device, self.buft, self.model, self.layers, self.steps)
+        if r.status == FAIL:
+            raise ConformanceFailure(r.message)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, ConformanceFailure):
+            return f"{self.name} on {self.device}: {excinfo.value}"
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"ggx model mode [{self.device}] {self.name}"
+
+
 class ConformanceSuite(pytest.Collector):
     """All suite items for one device."""
 
@@ -97,6 +131,24 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     from .errors import GGXError
 
     buft = config.getoption("ggx_buft")
+    model = config.getoption("ggx_model")
+    if model is not None:
+        from .conformance.model import MODEL_LAYERS, MODEL_STEPS
+
+        layers = config.getoption("ggx_model_layers")
+        steps = config.getoption("ggx_model_steps")
+        for name in config.getoption("ggx_backend"):
+            try:
+                Suite(name, weight_buft=buft)  # an unknown device or buffer type: a usage error now
+            except GGXError as e:
+                raise pytest.UsageError(f"--ggx-backend {name}" + (f" --ggx-buft {buft}" if buft else "")
+                                        + f": {e}") from e
+            label = f"ggx-conformance[{name}{',' + buft if buft else ''}]"
+            items.append(ModelItem.from_parent(session, name=f"{label}::model", nodeid=f"{label}::model",
+                                               device=name, buft=buft, model=model or None,
+                                               layers=MODEL_LAYERS if layers is None else (layers or None),
+                                               steps=MODEL_STEPS if steps is None else steps))
+        return
     for name in config.getoption("ggx_backend"):
         try:
             suite = Suite(name, weight_buft=buft)

@@ -10,6 +10,9 @@ per device; the exit status is 1 when anything failed.
 device (e.g. CPU_REPACK); an unknown name lists the device's extra buffer types.
 perf: times the perf cases, GFLOPS or GB/s per case; with two -b, both side by side and their ratio.
 support: the op x type matrix of what each backend's supports_op accepts.
+--model [MODEL]: model mode instead of the op cases (ggx.conformance.model): the model (default:
+the default model, cut to --model-layers layers) through each backend against the reference,
+node by node; fails on a node beyond its op's tolerance or logits outside the model criteria.
 Without -b, every device except the reference runs (the reference alone when it is the only one).
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .argtypes import finite_float
+from .argtypes import finite_float, int_at_least
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +40,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-time", type=finite_float(0.0, low_open=True), default=0.25, metavar="S",
                    help="perf: seconds to time each case")
     p.add_argument("-v", "--verbose", action="store_true", help="eval: also print passing and skipped cases")
+    p.add_argument("--model", nargs="?", const="", default=None, metavar="MODEL",
+                   help="model mode: run a model (default: the default model) through the backend against the "
+                        "reference, node by node, instead of the op cases")
+    p.add_argument("--model-layers", type=int_at_least(0), default=None, metavar="N",
+                   help="model mode: cut the model to its first N layers (default 2; 0: the whole model)")
+    p.add_argument("--model-steps", type=int_at_least(0), default=None, metavar="N",
+                   help="model mode: decode steps after the prompt (default 1)")
     p.set_defaults(func=run)
 
 
@@ -83,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --buft {args.buft}: {e}", file=sys.stderr)
         return 2
     out, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    if args.model is not None:
+        return _model(devices, args, out, err)
     if args.mode == "perf":
         return _perf(suites, ops, types, args.min_time, out, err)
     if args.mode == "support":
@@ -126,6 +138,35 @@ def _eval(suites, ops, types, verbose: bool, out, err) -> int:
     if len(totals) > 1:
         passed, skipped = (sum(r.count(s) for r in totals) for s in (PASS, SKIP))
         out.print(f"all: {passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+def _model(devices, args, out, err) -> int:
+    from rich.markup import escape
+
+    from ..conformance.model import MODEL_LAYERS, MODEL_STEPS, model_check
+    from ..conformance.runner import FAIL
+
+    layers = MODEL_LAYERS if args.model_layers is None else (args.model_layers or None)
+    steps = MODEL_STEPS if args.model_steps is None else args.model_steps
+    failed = 0
+    for d in devices:
+        status = err.status(f"{d.name}: model") if err.is_terminal else None
+        if status is not None:
+            status.start()
+        try:
+            result, report = model_check(d, args.buft, args.model or None, layers, steps,
+                                         status.update if status is not None else None)
+        finally:
+            if status is not None:
+                status.stop()
+        if args.verbose or result.status == FAIL:
+            for line in report.summary():
+                out.print(escape(line), soft_wrap=True)
+        failed += result.status == FAIL
+        tag = "[red]FAIL[/]" if result.status == FAIL else "[green]ok[/]"
+        out.print(f"{tag} {escape(d.name)}{escape(':' + args.buft) if args.buft else ''} {escape(result.id)}: "
+                  f"{escape(result.message.splitlines()[0] if result.message else '')}", soft_wrap=True)
     return 1 if failed else 0
 
 

@@ -58,12 +58,13 @@ def _role(t: Tensor) -> str:
 
 
 def _label(t: Tensor) -> str:
-    """The op as the conformance suite prints it where the kind matters (GELU_ERF, GEGLU)."""
-    for p in (t.params if isinstance(t.params, tuple) else (t.params,)):
-        kind = getattr(p, "name", None)
-        if t.op in (Op.GELU, Op.GLU) and isinstance(kind, str):
-            return f"{t.op.name}_{kind}" if t.op is Op.GELU else kind
-    return ""
+    """The op as the conformance suite prints it where the kind matters (GELU_ERF, SWIGLU)."""
+    if t.op not in (Op.GELU, Op.GLU):
+        return ""
+    name = getattr(getattr(t.params, "kind", t.params), "name", None)
+    if not isinstance(name, str):
+        return ""
+    return f"GELU_{name}" if t.op is Op.GELU else name
 
 
 def node_tolerance(t: Tensor) -> Tolerance:
