@@ -140,3 +140,15 @@ def test_emulated_types_are_never_timed(cache, host):
         mp.undo()
     assert p.not_timed["EMU"] == "emulated (its speed means nothing)"
     assert p.not_timed["Q4_0"].startswith("out of time") and not p.timings
+
+
+def test_the_command_saves_and_shows_a_profile(cache, capsys):
+    from ggx.cli import main
+
+    assert main(["tune", "--show"]) == 1 and "no tune profile" in capsys.readouterr().err
+    assert main(["tune", "--types", "q4_0", "--budget", "0"]) == 0  # nothing timed: out of time
+    err = capsys.readouterr().err
+    assert f"tune profile: {tune.profile_path()}" in err and "not timed: Q4_0: out of time" in err
+    assert main(["tune", "--show"]) == 0
+    assert "not timed: Q4_0: out of time" in capsys.readouterr().out
+    assert main(["tune", "--types", "q9_9"]) == 2 and "unknown weight type 'q9_9'" in capsys.readouterr().err

@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from .argtypes import int_at_least, int_list_at_least
-from .run import add_model_argument, add_tensor_split, chosen_model
+from .run import add_model_argument, add_override_tensor, add_tensor_split, chosen_model
 
 #: extra runs a test may take to replace repetitions that compiled a kernel
 MAX_RETRIES = 3
@@ -50,6 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="timed repetitions per test (default 5)")
     p.add_argument("--device", action="append", default=None, metavar="D", help="device (repeatable)")
     add_tensor_split(p)
+    add_override_tensor(p)
     p.add_argument("--no-flash-attn", action="store_true", help="use mul_mat + soft_max attention")
     p.add_argument("--profile", action="store_true", help="also break a decode step's time down")
     p.add_argument("-o", "--output", choices=("md", "json"), default="md",
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     longest = max(n for _, n in tests) if tests else 1
     model = load_model(chosen_model(args), args.device, None, n_ctx=max(longest + 1, 256),
                        flash_attn=not args.no_flash_attn,
-                       tensor_split=args.tensor_split)
+                       tensor_split=args.tensor_split, buft_overrides=args.override_tensor)
     model.eval([0])  # one token: what "start" measures
     model.reset()
     start_s = process_seconds()

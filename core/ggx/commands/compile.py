@@ -6,7 +6,9 @@ compiling. This runs the model (default: the SmolLM2 file `ggx run` uses) throug
 run or a bench takes: a short prompt, a full batch and a decode step, on the backend's default
 thread count and on one thread (small ops run on one thread either way, large ones in parallel
 regions: different kernels). Every kernel they need is compiled, or found in the cache, here, with
-a progress bar on a terminal; `./dev.sh setup` runs it. It ends with one summary line.
+a progress bar on a terminal; `./dev.sh setup` runs it. It ends with one summary line, then runs
+`ggx tune` (about 30 s of timing, its own progress line; `--no-tune` skips it), so that weight
+placement on this machine goes by measurement.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--threads", type=int_list_at_least(1), default=None,
                    help="thread counts to compile for, e.g. 1,4 (default: the backend's default, and 1)")
     p.add_argument("--no-flash-attn", action="store_true", help="the mul_mat + soft_max attention path instead")
+    p.add_argument("--no-tune", action="store_true", help="do not run `ggx tune` afterwards")
     p.set_defaults(func=run)
 
 
@@ -88,4 +91,9 @@ def run(args: argparse.Namespace) -> int:
     what = f" ({counter.what})" if counter.what else ""
     err.print(f"kernels for {name}{what}: {counter.n} compiled or loaded from the disk cache in {seconds:.1f} s "
               f"({time.perf_counter() - t0:.1f} s in all)", markup=False, soft_wrap=True)
+    if not args.no_tune:
+        from ..tune import BUDGET_S, TYPES
+        from .tune import run_tune
+
+        run_tune(BUDGET_S, list(TYPES), None)
     return 0

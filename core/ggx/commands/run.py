@@ -51,6 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", action="append", default=None, metavar="D",
                    help="device to run on (repeatable; default: the accelerators, then the CPU)")
     add_tensor_split(p)
+    add_override_tensor(p)
     p.add_argument("-c", "--ctx-size", type=int_at_least(1), default=None,
                    help="context length in tokens (default 4096, at most the model's training context)")
     p.add_argument("--no-flash-attn", action="store_true", help="use mul_mat + soft_max attention")
@@ -84,6 +85,13 @@ def add_tensor_split(p: argparse.ArgumentParser) -> None:
                         "e.g. 3,1 (default: in proportion to each device's free memory)")
 
 
+def add_override_tensor(p: argparse.ArgumentParser) -> None:
+    """The `-ot/--override-tensor` option `ggx run` and `ggx bench` share (llama.cpp's)."""
+    p.add_argument("-ot", "--override-tensor", action="append", default=None, metavar="REGEX=BUFT",
+                   help="keep the weights whose names match REGEX in buffer type BUFT (e.g. 'ffn_.*=CPU'; "
+                        "repeatable, or comma-separated), over the measured choice and the priority order")
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import progress
     from ..errors import GGXContextOverflow
@@ -92,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     compile_start = progress.compile_seconds()
     model = load_model(chosen_model(args), args.device, args.threads, n_ctx=args.ctx_size,
                        flash_attn=not args.no_flash_attn, progress=sys.stderr.isatty(),
-                       tensor_split=args.tensor_split)
+                       tensor_split=args.tensor_split, buft_overrides=args.override_tensor)
     compile_load = progress.compile_seconds() - compile_start  # the load's warm-up
     if args.interactive:
         from .chat import converse
@@ -191,8 +199,7 @@ def print_summary(model, err, compile_prefill: float = 0.0, compile_decode: floa
     if sum(1 for p in split.used if p.n_layers) > 1:
         err.write(f"layer split:     {split}\n")
     used = [u for u in model.placement.bufts if u.n_tensors]
-    err.write("weights in:      " + ", ".join(f"{u.name} {u.nbytes / 2**20:.1f} MiB ({u.n_tensors} tensors)"
-                                              for u in used) + "\n")
+    err.write("weights in:      " + ", ".join(u.describe() for u in used) + f" (by {model.placement.basis})\n")
     for u in model.placement.bufts:
         if not u.n_tensors:
             owner = f" ({u.device})" if u.device != u.name else ""
