@@ -15,7 +15,8 @@ Per graph key (`CudaGraphCache.decide`):
     a failed capture (`fail`)       -> EAGER  ("capture failed: ...") for as long as the key lives
     unchanged, a graph stored       -> LAUNCH (the stored graph)
     unchanged, warm-up done         -> CAPTURE (the caller captures, then `store`s the graph)
-    disabled (GGX_CUDA_DISABLE_GRAPHS) -> EAGER for every call
+    disabled (GGX_CUDA_DISABLE_GRAPHS, or `set_enabled(False)`: the "set_graphs" capability)
+                                    -> EAGER for every call
 
 At most `max_keys` keys are kept (least recently decided goes first, with its graph).
 """
@@ -31,7 +32,7 @@ from ggx.tensor import Tensor
 EAGER, CAPTURE, LAUNCH = "eager", "capture", "launch"
 WARMUP = 2
 MAX_KEYS = 32
-DISABLED = "disabled by GGX_CUDA_DISABLE_GRAPHS"
+DISABLED = "disabled (GGX_CUDA_DISABLE_GRAPHS or set_graphs)"
 
 
 def node_properties(graph_nodes: Iterable[Tensor], ptr: Callable[[Tensor], int]) -> tuple:
@@ -127,6 +128,12 @@ class CudaGraphCache:
         if self.enabled:  # disabled: no per-key state at all
             self._last[key] = d
         return d
+
+    def set_enabled(self, enabled: bool) -> None:
+        """Turn capture on or off from the next call; turning it off drops every stored graph."""
+        if not enabled:
+            self.clear()
+        self.enabled = enabled
 
     def store(self, key: Hashable, graph: Any) -> None:
         """Keep the graph captured after a CAPTURE decision for `key`; KeyError for an unknown key."""

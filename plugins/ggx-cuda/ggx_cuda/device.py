@@ -217,6 +217,7 @@ class CudaBackend(Backend):
         self._staging: list[np.ndarray] = []  # pinned copies of host data in flight, kept until sync
         self._plans: weakref.WeakKeyDictionary[Graph, _Plans] = weakref.WeakKeyDictionary()
         self.graphs = CudaGraphCache(enabled=os.environ.get("GGX_CUDA_DISABLE_GRAPHS", "") in ("", "0"))
+        self._copy_event: Any = None
 
     # --- planning -----------------------------------------------------------------------------
     def ptr(self, t: Tensor) -> int:
@@ -269,15 +270,32 @@ class CudaBackend(Backend):
         if decision.action == CAPTURE:
             self.driver.load([x.kernel for launches in plans.launches for x in launches
                               if not isinstance(x, GemmLaunch)])
-            self.driver.capture_begin(self.stream)
-            try:
-                self._run(plans)
-            finally:
-                captured = self.driver.capture_end(self.stream)
-            self.graphs.store(decision.key, captured)
-            self.driver.graph_launch(captured, self.stream)
-            return
+            captured = self._capture(plans, decision.key)
+            if captured is not None:
+                self.driver.graph_launch(captured, self.stream)
+                return
         self._run(plans)
+
+    def _capture(self, plans: _Plans, key) -> Any:
+        """Capture the graph's launches and store the CUDA graph; None when the capture failed:
+        the key is then marked failed and runs eagerly from now on (ggml's
+        disable_due_to_failed_graph_capture), instead of every later call trying again. The
+        capture is always ended, and the first error is the reason recorded."""
+        err: Exception | None = None
+        self.driver.capture_begin(self.stream)
+        try:
+            self._run(plans)
+        except Exception as e:  # noqa: BLE001 - recorded, then the graph runs eagerly (and raises there if real)
+            err = e
+        try:
+            captured = self.driver.capture_end(self.stream)
+        except Exception as e:  # noqa: BLE001 - an invalidated capture
+            err, captured = err or e, None
+        if err is not None:
+            self.graphs.fail(key, f"{type(err).__name__}: {err}")
+            return None
+        self.graphs.store(key, captured)
+        return captured
 
     def _run(self, plans: _Plans) -> None:
         for node, launches in zip(plans.nodes, plans.launches):
@@ -309,6 +327,7 @@ class CudaBackend(Backend):
         size = tensor.nbytes - offset if size is None else size
         out = self.driver.alloc_host(size)
         self.driver.copy_d2h(self.stream, out, buf.address(tensor, offset, size))
+        self._staging.append(out)  # the DMA writes into it until synchronize, whoever holds it
         return out
 
     def cpy_tensor_async(self, src_backend: Backend, src: Tensor, dst: Tensor) -> bool:
@@ -317,10 +336,14 @@ class CudaBackend(Backend):
             return False
         if isinstance(sbuf, CudaBuffer):
             if isinstance(src_backend, CudaBackend) and src_backend is not self:
-                ev = self.driver.event(self.cuda.info.index)
-                self.driver.record(ev, src_backend.stream)  # after the producer, on its stream
+                # ggml's order: the copy on the source stream, after its producer and before
+                # anything queued there later may overwrite src; this stream waits for the copy
+                self.driver.copy_d2d(src_backend.stream, dbuf.address(dst), sbuf.address(src), src.nbytes)
+                ev = src_backend.copy_event()
+                self.driver.record(ev, src_backend.stream)
                 self.driver.wait_event(self.stream, ev)
-            elif src_backend is not self:
+                return True
+            if src_backend is not self:
                 src_backend.synchronize()
             self.driver.copy_d2d(self.stream, dbuf.address(dst), sbuf.address(src), src.nbytes)
             return True
@@ -330,6 +353,13 @@ class CudaBackend(Backend):
             self.driver.copy_h2d(self.stream, dbuf.address(dst), self._stage(view))
             return True
         return False
+
+    def copy_event(self) -> Any:
+        """The event this stream records after a copy another backend waits for (one, reused:
+        a wait takes the record made before it)."""
+        if self._copy_event is None:
+            self._copy_event = self.driver.event(self.cuda.info.index)
+        return self._copy_event
 
     def event_wait(self, event: Event) -> None:
         if isinstance(event, CudaEvent):
@@ -444,6 +474,13 @@ class CudaBackendReg(BackendReg):
         self.prefix = prefix
         self._devices: list[CudaDevice] | None = None
 
+    def get_proc_address(self, name: str) -> Any:
+        """"set_graphs": f(backend, enabled) turns CUDA-graph capture on or off for one backend
+        (`ggx compare --graphs` compares the two)."""
+        if name == "set_graphs":
+            return set_graphs
+        return super().get_proc_address(name)
+
     def devices(self) -> list[Device]:
         if self._devices is None:
             infos, why = self.driver.probe()
@@ -451,3 +488,10 @@ class CudaBackendReg(BackendReg):
             self.note = why
         return list(self._devices)
 
+
+
+def set_graphs(backend: Backend, enabled: bool) -> None:
+    """Turn CUDA-graph capture on or off for `backend` from its next graph (off drops its graphs)."""
+    if not isinstance(backend, CudaBackend):
+        raise GGXUnsupported(f"set_graphs: {backend.name} is not a CUDA backend")
+    backend.graphs.set_enabled(enabled)
