@@ -27,19 +27,23 @@ def cut_layers(path: str | os.PathLike, n_layer: int, directory: str | os.PathLi
     newer than the cut replaces it). `n_layer` at least the model's own gives `path` itself."""
     import gguf
 
+    from ..models.gguf_file import GGUFFile
+
     if n_layer < 1:
         raise GGXValueError(f"a cut needs at least one layer, got {n_layer}")
     src = Path(path)
-    reader = gguf.GGUFReader(str(src))
-    arch = str(reader.fields["general.architecture"].contents())
+    meta = GGUFFile(str(src))
+    arch = meta.get("general.architecture", str, None)
     key = f"{arch}.block_count"
-    if key not in reader.fields:
+    block_count = meta.get(key, int, None)
+    if block_count is None:
         raise GGXValueError(f"{src}: no {key} in the metadata; cannot cut its layers")
-    if n_layer >= int(reader.fields[key].contents()):
+    if n_layer >= block_count:
         return src
     out = cut_path(src, n_layer, directory)
     if out.exists() and out.stat().st_mtime >= src.stat().st_mtime:
         return out
+    reader = gguf.GGUFReader(str(src))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(str(tmp), arch)
