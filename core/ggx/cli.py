@@ -29,8 +29,8 @@ from ._version import __version__
 from .errors import GGXError
 
 #: Module names under ggx.commands, in the order `ggx --help` lists them.
-COMMANDS: tuple[str, ...] = ("devices", "run", "chat", "bench", "compile", "tune", "test_ops", "new_plugin",
-                             "graph", "compare")
+COMMANDS: tuple[str, ...] = ("devices", "run", "chat", "serve", "bench", "compile", "tune", "test_ops",
+                             "new_plugin", "graph", "compare")
 
 DEBUG_ENV = "GGX_DEBUG"
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 1, 2, 130, 141

@@ -145,6 +145,14 @@ class Batcher:
     def busy(self) -> bool:
         return bool(self.sequences)
 
+    def warmup(self) -> None:
+        """Get the first requests ready: a throwaway 8-token prompt and two decode steps (the
+        prompt chunk's and decode's graphs built, planned and bound), then forgotten."""
+        s = self.add([0] * min(8, self.n_ctx_seq - 2) or [0], 2, stop_at_eos=False)
+        while s.finish_reason is None:
+            self.step()
+        self.stats = BatchStats()
+
     # --- sequences ------------------------------------------------------------------------------
     def add(self, prompt: Sequence[int], max_tokens: int, temperature: float = 0.0, top_k: int = 40,
             top_p: float = 0.95, seed: int | None = None, stop_at_eos: bool = True) -> Slot:
@@ -156,6 +164,8 @@ class Batcher:
         if max_tokens < 0:
             raise GGXValueError(f"max_tokens must be 0 or more, got {max_tokens}")
         check_sampling(temperature, top_k, top_p)
+        if seed is not None and not (isinstance(seed, int) and seed >= 0):
+            raise GGXValueError(f"seed must be an integer >= 0, got {seed!r}")
         if not self.n_free:
             raise GGXStateError(f"all {self.n_seq} sequences are in use")
         s = Slot(ids, max_tokens, temperature, top_k, top_p, seed, stop_at_eos)
