@@ -113,3 +113,11 @@ def test_smollm2_on_cpu_is_bit_identical_with_neighbours(smollm2_path):
         np.testing.assert_array_equal(together[1][i], alone[1][0])
         np.testing.assert_array_equal(staggered[1][i], alone[1][0])
         assert together[0][i] == [t.id for t in m.generate(p, 5)]
+
+
+def test_one_slot(tiny):
+    b = Batcher(tiny, n_seq=1, n_ctx=256)
+    s = b.add([5, 6, 7], 3, stop_at_eos=False)
+    while b.busy:
+        b.step()
+    assert s.generated == [t.id for t in tiny.generate([5, 6, 7], 3, stop_at_eos=False)]

@@ -124,6 +124,8 @@ class Batcher:
         hp = model.hp
         self.cache = KVCache(hp.n_layer, hp.n_embd_kv, n_ctx, model.cache.bufts, hp.swa_layers, hp.n_swa,
                              max(n_chunk, decode_rows or 1), n_seq=n_seq)
+        if self.cache.in_use[0]:  # a one-sequence cache holds sequence 0 from the start: hand it out instead
+            self.cache.seq_rm(0)
         self.sequences: list[Slot] = []  # in the order they were added
         self.stats = BatchStats()
         self._graphs: dict[BatchShape, tuple[Graph, Tensor, ModelInputs]] = {}

@@ -207,8 +207,7 @@ class KVCache:
     def seq_rm(self, seq: int) -> None:
         """Forget sequence `seq` and free its id (the other sequences are untouched)."""
         self.seq_clear(seq)
-        if self.n_seq > 1:
-            self.in_use[seq] = False
+        self.in_use[seq] = False
 
     def seq_clear(self, seq: int) -> None:
         """Forget the tokens of sequence `seq` (it stays in use); its slots are zeroed again as
