@@ -119,8 +119,8 @@ def default_type(name: str, role: str, wtype: GType) -> GType:
 def values(rng: np.random.Generator, shape: tuple[int, ...], role: str, dims: Dims) -> Iterator[np.ndarray]:
     """The float32 values of one tensor, CHUNK_ROWS rows at a time (numpy order, last axis rows)."""
     if role == "norm":
-        yield (1.0 + (0.1 * rng.standard_normal(shape, dtype=np.float32) if dims.unit_scale else 0.0)) \
-            .astype(np.float32) * np.ones(shape, np.float32)
+        noise = 0.1 * rng.standard_normal(shape, dtype=np.float32) if dims.unit_scale else 0.0
+        yield np.asarray(1.0 + noise, np.float32) * np.ones(shape, np.float32)
         return
     if role == "bias":
         yield rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5 if dims.unit_scale else 0.02)
