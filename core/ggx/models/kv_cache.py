@@ -317,5 +317,8 @@ class KVCache:
             if n < batch.n_tokens:
                 cell_pos = cell_pos.copy()
                 cell_pos[gb.kv_idx[n:] - gb.base] = -1
-            g.cell_pos[gb.base: gb.base + g.size] = cell_pos
+            if cell_pos.size == g.cell_pos.size:  # one sequence: the batch's array becomes the group's
+                g.cell_pos = cell_pos
+            else:
+                g.cell_pos[gb.base: gb.base + g.size] = cell_pos
         self._past[seq] += n
