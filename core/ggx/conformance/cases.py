@@ -276,6 +276,17 @@ def sum_rows_cases() -> Iterator[OpCase]:
         yield case(Op.SUM_ROWS, build, (F32,), **({"view": ne} if ne == "row_strided" else {"ne": ne}))
 
 
+def mm_biased(t: GType, m: int, n: int, k: int) -> OpCase:
+    """A product whose activations are uniform in [0, 2] with channels 3, 300 and k - 7 x30 (one per
+    256 values, so one 256-wide Q8_K block never holds two)."""
+    def build(b: Builder):
+        a = b.uniform(t, (k, m), "a")
+        x = b.rng.uniform(0.0, 2.0, (n, k)).astype(np.float32)
+        x[:, [3, 300, k - 7]] *= 30.0
+        return b.ctx.mul_mat(a, b.leaf(F32, (k, n), "b", x))
+    return case(Op.MUL_MAT, build, (t,), type_a=t, type_b=F32, m=m, n=n, k=k, b_dist="u02_outliers")
+
+
 # ---------------------------------------------------------------------------------------------
 def mul_mat_cases() -> Iterator[OpCase]:
     def mm(t, m, n, k, bs=(1, 1), nr=(1, 1), b_perm=False, a_view=False):
@@ -309,6 +320,14 @@ def mul_mat_cases() -> Iterator[OpCase]:
         yield mm(t, 64, 4, 4096)
     # Gemma 3 270M's Q5_0 weights have rows of K = 640 (20 blocks), e.g. attn_k [640, 256]
     yield mm(Q5_0, 256, 3, 640)
+    # Activations as a model's are: not zero-mean (uniform in [0, 2]) with a few x30 outlier
+    # channels. A kernel folding the weight's offset (Q4_0's -8, Q4_1's and the K-quants' mins)
+    # through a sum of the activations shows here how that sum was taken: ggml-cpu's d * sum(q)
+    # meets the bound, the float sum of the unquantized activations does not (zero-mean
+    # activations hide the difference). A decode product and a batch, K of 1024.
+    for t in (Q4_0, Q4_1, Q5_0, Q4_K, Q5_K):
+        for n in (1, 8):
+            yield mm_biased(t, 32, n, 1024)
 
     # Refused at build time: a row that is not a whole number of blocks, K that differs.
     for t in QUANT_TYPES:
@@ -337,19 +356,23 @@ MOE_IDS = {
 
 
 def mul_mat_id_cases() -> Iterator[OpCase]:
+    """Every pattern of MOE_IDS at 16 rows per expert, and once more at 32 rows (the first b_ne1 of
+    each pattern): the expert row counts weight buffer types with 32-row tiles take (AMX's), so
+    their MUL_MAT_ID is checked by the suite too (`ggx test-ops --buft AMX -o MUL_MAT_ID`)."""
     for t in WEIGHT_TYPES:
         for pattern, (n_expert, ids) in MOE_IDS.items():
             ids_arr = np.array(ids, dtype=np.int32)  # [n_tokens, n_used] in numpy order
             n_tokens, n_used = ids_arr.shape
-            for b_ne1 in ((n_used, 1) if pattern == "repeated" else (1 if pattern == "unused" else n_used,)):
-                def build(b: Builder, t=t, n_expert=n_expert, ids_arr=ids_arr, b_ne1=b_ne1):
+            b_ne1s = (n_used, 1) if pattern == "repeated" else (1 if pattern == "unused" else n_used,)
+            for m, b_ne1 in [(16, b) for b in b_ne1s] + [(32, b_ne1s[0])]:
+                def build(b: Builder, t=t, n_expert=n_expert, ids_arr=ids_arr, b_ne1=b_ne1, m=m):
                     n_tokens, n_used = ids_arr.shape
-                    experts = b.uniform(t, (256, 16, n_expert), "as")
+                    experts = b.uniform(t, (256, m, n_expert), "as")
                     act = b.uniform(F32, (256, b_ne1, n_tokens), "b")
                     ids = b.ints(I32, (n_used, n_tokens), "ids", ids_arr)
                     return b.ctx.mul_mat_id(experts, act, ids)
                 yield case(Op.MUL_MAT_ID, build, (t,), type_a=t, n_expert=n_expert, n_used=n_used, b_ne1=b_ne1,
-                           n_tokens=n_tokens, m=16, k=256, ids=pattern)
+                           n_tokens=n_tokens, m=m, k=256, ids=pattern)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,6 +529,11 @@ def flash_attn_cases() -> Iterator[OpCase]:
     yield fa(128, 4, F32, 1, 530)
     yield fa(256, 4, F16, 1, 700, n_head_kv=1, window=512)
     yield fa(64, 4, F16, 7, 300, window=64)
+    # decode over a cache padded to a multiple of 256 slots (ggml pads the KV cache so): ggml-cuda
+    # takes its vec kernel and merges the parallel blocks' partial softmaxes (combine); the slots
+    # past the filled ones are -inf in the mask. SmolLM2's GQA 3, head sizes 64 and 128.
+    for d, n_kv, filled in ((64, 256, 37), (128, 512, 300), (64, 4096, 4000), (128, 4096, 1)):
+        yield fa_padded(d, n_kv, filled)
     # a query row whose every key is masked gives zeros: ggml defines it (S == 0 leaves the
     # output 0: ops.cpp, flash_attn_ext one_chunk, tiled and the reduction of partials)
     for kv_t, n_tokens in ((F16, 4), (F32, 4), (F16, 64)):
@@ -518,6 +546,18 @@ def flash_attn_cases() -> Iterator[OpCase]:
             return b.ctx.flash_attn_ext(q, k, v, b.leaf(F16, (40, n_tokens), "mask", mv), 0.125)
         yield case(Op.FLASH_ATTN_EXT, build_masked, (kv_t,), hs=64, gqa=2, type_kv=kv_t, n_head=4,
                    n_tokens=n_tokens, n_kv=40, rows="masked")
+
+
+def fa_padded(d: int, n_kv: int, filled: int, gqa: int = 3, n_head_kv: int = 1) -> OpCase:
+    """One decode row over `n_kv` F16 slots of which the first `filled` are visible (-inf after)."""
+    def build(b: Builder):
+        q = b.uniform(F32, (d, 1, n_head_kv * gqa), "q")
+        k = b.uniform(F16, (d, n_kv, n_head_kv), "k")
+        v = b.uniform(F16, (d, n_kv, n_head_kv), "v")
+        m = np.where(np.arange(n_kv) < filled, 0.0, -np.inf).astype(np.float32).reshape(1, n_kv)
+        return b.ctx.flash_attn_ext(q, k, v, b.leaf(F16, (n_kv, 1), "mask", m), 1.0 / math.sqrt(d))
+    return case(Op.FLASH_ATTN_EXT, build, (F16,), hs=d, gqa=gqa, type_kv=F16, n_head=n_head_kv * gqa, n_tokens=1,
+                n_kv=n_kv, filled=filled)
 
 
 def sort_cases() -> Iterator[OpCase]:

@@ -5,9 +5,9 @@ MODELS: each executes a planned launch from its arguments bound by parameter nam
   so a host run of the .cu source must equal them byte for byte;
 * the products are float64 over the exact integer dot products: the weights dequantized as gguf
   does, the activations as q * d with their f16 d (MMQ: float d); where a kernel multiplies a
-  weight's offset or min by the block's stored f16 sum s instead of d * sum(q) (MMVQ: Q4_0, Q4_1,
-  Q5_0; MMQ: the DS4 types, Q4_K / Q5_K included; MMVQ's Q4_K / Q5_K sum the quants, as ggml's
-  vec_dot_q4_K_q8_1_impl_vmmq does), the model does too. So a kernel run differs from its model
+  weight's offset or min by the block's stored f16 sum s = d * sum(q) rather than the f32 d times
+  the integer sum (MMVQ: Q4_0, Q4_1, Q5_0; MMQ: the DS4 types, Q4_K / Q5_K included; MMVQ's Q4_K /
+  Q5_K sum the quants, as ggml's vec_dot_q4_K_q8_1_impl_vmmq does), the model does too. So a kernel run differs from its model
   only by float32 rounding. The MMQ model splits the work over the grid's blocks as the kernel's
   stream-K loop does, partial tiles into the fixup buffer, and the fixup model adds them.
 """
@@ -50,7 +50,8 @@ def round_away(v: np.ndarray) -> np.ndarray:
 def q8_1_groups(x: np.ndarray, mmq: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q int8, d float32, s float32) of 32-value groups x[..., 32]: quantize_q8_1's recipe
     (d = amax / 127, q = roundf(x / d)), or with `mmq` quantize_mmq_q8_1's (d_inv = 127 / amax,
-    q = roundf(x * d_inv), d = 1 / d_inv). A zero group: q = 0, d = 0."""
+    q = roundf(x * d_inv), d = 1 / d_inv); s = d * sum(q) (ggml-cpu's, not ggml-cuda's float sum
+    of x). A zero group: q = 0, d = 0, s = 0."""
     x = x.astype(F32)
     amax = np.abs(x).max(axis=-1)
     zero = amax == 0
@@ -63,7 +64,8 @@ def q8_1_groups(x: np.ndarray, mmq: bool = False) -> tuple[np.ndarray, np.ndarra
             d = amax / F32(127)
             q = round_away(x / d[..., None])
     q[zero] = 0
-    return q, d.astype(F32), warp_sum(x)
+    d = d.astype(F32)
+    return q, d, (d * warp_sum(q.astype(F32))).astype(F32)
 
 
 def model_quantize_q8_1(launch, a: dict, ctx) -> None:

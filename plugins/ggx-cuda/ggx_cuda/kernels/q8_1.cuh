@@ -48,10 +48,15 @@ static __device__ __forceinline__ float ggx_ds_s(const unsigned int ds) {
 }
 
 // Quantize x, this lane's value of a 32-value group held by one warp: its q, and the group's scale d
-// (amax / 127) and float sum (every lane gets them). A zero group gives q = 0, d = 0.
+// (amax / 127) and sum s = d * sum(q) (every lane gets them). A zero group gives q = 0, d = 0, s = 0.
+// s is ggml-cpu's (quantize_row_q8_1_ref), not ggml-cuda's float sum of x: a weight's offset or min
+// folded through s then meets the same quantized activations as the integer dot, so their rounding
+// error is weighted by the centred weights, not by the uncentred quants (a deliberate deviation
+// from ggml-cuda; docs/architecture.md, "CUDA").
 static __device__ __forceinline__ int ggx_q8_1_group(const float x, float & d, float & sum) {
     const float amax = ggx_warp_reduce<ggx_max>(fabsf(x));
-    sum = ggx_warp_sum(x);
     d = amax / 127.0f;
-    return amax == 0.0f ? 0 : (int) roundf(x / d);
+    const int q = amax == 0.0f ? 0 : (int) roundf(x / d);
+    sum = d * ggx_warp_sum((float) q);
+    return q;
 }

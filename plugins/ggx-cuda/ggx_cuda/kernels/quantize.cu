@@ -10,7 +10,8 @@
 //                          With `ids` (MUL_MAT_ID's grouped columns, mmid.cu) column i1 of the one
 //                          channel is x's column ids[i1] (= i12 * ne1_src + i11).
 //
-// One warp per 32 values (a q8_1 group): the group's max |x| and sum by warp shuffles. x goes by
+// One warp per 32 values (a q8_1 group): the group's max |x| and sum of q (s = d * sum(q), ggml-cpu's
+// recipe, not ggml-cuda's float sum: q8_1.cuh) by warp shuffles. x goes by
 // its byte strides nb1..nb3 (rows contiguous), so permuted and strided views are read in place.
 
 #include "q8_1.cuh"
@@ -53,10 +54,10 @@ __global__ void __launch_bounds__(GGX_QK8_1_MMQ) k_quantize_mmq(const ggx_u8 * x
                              : x + (ggx_i64) i1 * nb1 + (ggx_i64) (z % ne2) * nb2 + (ggx_i64) (z / ne2) * nb3;
     const float xi = i0 < K ? ((const float *) row)[i0] : 0.0f;
     const float amax = ggx_warp_reduce<ggx_max>(fabsf(xi));
-    const float sum = ggx_warp_sum(xi);
     const float d_inv = 127.0f / amax;
     const int q = amax == 0.0f ? 0 : (int) roundf(xi * d_inv);
     const float d = amax == 0.0f ? 0.0f : 1.0f / d_inv;
+    const float sum = DS4 ? d * ggx_warp_sum((float) q) : 0.0f;  // d * sum(q), as ggx_q8_1_group
     ggx_block_q8_1_mmq * b = y + ((ggx_i64) z * gridDim.x + kb) * gridDim.y + i1;
     ((signed char *) b->qs)[threadIdx.x] = (signed char) q;
     if (threadIdx.x % 32 == 0) {
