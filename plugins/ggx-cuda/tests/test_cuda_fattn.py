@@ -203,3 +203,13 @@ def test_vec_launches():
     assert comb.kernel == fattn.COMBINE_KERNEL and comb.grid == (1, 9, 1)
     assert [int(ct.bind(comb)[x]) for x in ("parts", "meta", "dst", "D", "P")] == [
         parts, parts + 8 * 9 * 64 * 4, sc.ptr(node), 64, 8]
+
+
+def test_the_padded_decode_conformance_cases_reach_vec_and_combine(host_cc):
+    """The suite's own decode cases over 256/512/4096 padded slots (core cases.fa_padded): on
+    Ada / Hopper ggml (and ggx) take the vec kernel and merge parallel blocks with the combine."""
+    padded = [c for c in ct.cases_for((Op.FLASH_ATTN_EXT,)) if "filled" in dict(c.vars)]
+    assert len(padded) == 4
+    for c in padded:
+        assert _paths(c) == {"k_fattn_vec", "k_fattn_combine"}, c.name
+        ct.check_case(c, attention.supports, attention.plan, host=True)
