@@ -211,7 +211,11 @@ class CupyDriver(Driver):
     def probe(self) -> tuple[list[DeviceInfo], str]:
         try:
             cp = self._cupy()
-        except Exception as e:  # noqa: BLE001 - no CuPy, a CuPy without its CUDA libraries, ...
+        except ModuleNotFoundError as e:
+            if e.name != "cupy":
+                return [], f"CuPy is not usable: {type(e).__name__}: {e}"[:300]
+            return [], "CuPy is not installed: pip install 'ggx-cuda[cuda12]' or 'ggx-cuda[cuda13]' (your CUDA)"
+        except Exception as e:  # noqa: BLE001 - a CuPy without its CUDA libraries, ...
             return [], f"CuPy is not usable: {type(e).__name__}: {e}"[:300]
         try:
             if not cp.cuda.is_available():
