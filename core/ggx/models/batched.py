@@ -13,14 +13,17 @@ when it finishes).
 Batch invariance: a sequence's tokens do not depend on which others share its steps. Every op
 but attention computes each row of a batch on its own; attention runs per sequence over its own
 region (ggx.models.blocks), the very op a batch of that sequence alone runs. What could still
-depend on the neighbours is a kernel that picks its arithmetic by the number of rows (a matmul
-that tiles several rows, flash attention switching kernels by query count): so prompts are
+depend on the neighbours is a kernel that picks its arithmetic by the number of rows (CPU_REPACK's
+matmul: a gemv for one column, gemm tiles for more; flash attention switching kernels by query
+count): so prompts are
 never batched together (each chunk is its own batch, cut where the prompt alone decides), and
 decode batches have `decode_rows` rows whatever number of sequences is generating (the unused
 rows are padding: a token written past the end of a sequence that is still reading its prompt or
 of a free sequence, never committed, masked for everyone and overwritten later). With the
-default `decode_rows=None` the decode batch has one row per generating sequence: exact where the
-backends compute each row alike for any row count (tested for ggx-cpu), cheapest alone.
+default `decode_rows=None` the decode batch has one row per generating sequence: cheapest alone,
+exact only where the backends compute each row alike for any row count (not CPU_REPACK's: its
+logits move by ~1e-5 relative, greedy tokens only where a margin is that small); `ggx serve`
+passes decode_rows = its slot count.
 """
 from __future__ import annotations
 
