@@ -145,17 +145,25 @@ def _encoded(chunks: Iterator[np.ndarray], shape: tuple[int, ...],
     return data.reshape(shape), GGMLQuantizationType[gtype.name]
 
 
-def _copy_vocab(src: GGUFReader, w: GGUFWriter) -> int:
+#: per vocabulary file, its tokenizer metadata (GGUFReader reads a 49k-token vocabulary in seconds)
+_VOCABS: dict[str, list[tuple[str, object, GGUFValueType, GGUFValueType | None]]] = {}
+#: encoded token embeddings by (seed, shape, scale, type): the first tensor drawn from a fresh
+#: generator, so files of other architectures with the same seed share it
+_EMBEDDINGS: dict[tuple, tuple[np.ndarray, GGMLQuantizationType]] = {}
+
+
+def _copy_vocab(vocab_from: str, w: GGUFWriter) -> int:
     """Copy the tokenizer metadata; returns the vocabulary size."""
-    for name, field in src.fields.items():
-        if not name.startswith(VOCAB_KEYS):
-            continue
-        vtype = field.types[0]
-        if vtype == GGUFValueType.ARRAY:
-            w.add_key_value(name, field.contents(), vtype, sub_type=field.types[1])
-        else:
-            w.add_key_value(name, field.contents(), vtype)
-    return len(src.fields["tokenizer.ggml.tokens"].contents())
+    if vocab_from not in _VOCABS:
+        src = GGUFReader(vocab_from)
+        _VOCABS[vocab_from] = [(name, f.contents(), f.types[0], f.types[1] if f.types[0] == GGUFValueType.ARRAY
+                                else None) for name, f in src.fields.items() if name.startswith(VOCAB_KEYS)]
+    n_vocab = 0
+    for name, value, vtype, sub_type in _VOCABS[vocab_from]:
+        w.add_key_value(name, value, vtype, sub_type=sub_type)
+        if name == "tokenizer.ggml.tokens":
+            n_vocab = len(value)
+    return n_vocab
 
 
 def write(out: str, dims: Dims, vocab_from: str, seed: int, wtype: str = "q4_0",
@@ -184,12 +192,21 @@ def write(out: str, dims: Dims, vocab_from: str, seed: int, wtype: str = "q4_0",
     w.add_rope_dimension_count(dims.d)
     w.add_layer_norm_rms_eps(1e-6 if dims.arch != "llama" else 1e-5)
     w.add_file_type(FILE_TYPE[wtype])
-    n_vocab = _copy_vocab(GGUFReader(vocab_from), w)
+    n_vocab = _copy_vocab(vocab_from, w)
     w.add_vocab_size(n_vocab)
     started = time.perf_counter()
     for i, (name, shape, role) in enumerate(specs := tensor_specs(dims, n_vocab)):
         t = types(name, role) if types is not None else default_type(name, role, gtype)
-        data, raw = _encoded(values(rng, shape, role, dims), shape, t)
+        if i == 0:  # the embedding: drawn all the same (the generator moves on), encoded once
+            key = (seed, shape, dims.unit_scale, t)
+            chunks = list(values(rng, shape, role, dims))
+            if key not in _EMBEDDINGS:
+                if len(_EMBEDDINGS) >= 2:  # a 1B file's is 100 MB
+                    _EMBEDDINGS.pop(next(iter(_EMBEDDINGS)))
+                _EMBEDDINGS[key] = _encoded(iter(chunks), shape, t)
+            data, raw = _EMBEDDINGS[key]
+        else:
+            data, raw = _encoded(values(rng, shape, role, dims), shape, t)
         w.add_tensor(name, data, raw_dtype=raw)
         if progress:
             print(f"\rtensor {i + 1}/{len(specs)} ({time.perf_counter() - started:.0f} s)", end="", file=sys.stderr,
