@@ -1,7 +1,7 @@
 """Load on `ggx serve` (and llama.cpp's llama-server, side by side): N concurrent streaming clients.
 
     python benchmarks/serve.py [MODEL] [--clients 1,2,4,8] [--seconds 30] [--max-tokens 64] [-t THREADS]
-                               [--llama-server PATH]
+                               [--no-pad-decode] [--llama-server PATH]
 
 For each client count N, N clients on loopback each send streaming completion requests one after
 another (each its own prompt, greedy, `--max-tokens` tokens) for `--seconds`; requests in flight
@@ -9,7 +9,9 @@ at the end finish. Printed per N: aggregate generated tokens/s (all clients' tok
 wall time), its ratio to one client's, time to first token and the time between tokens
 (p50/p90/p99, ms). The server runs with `--parallel` = the largest N, so every level has a slot
 per client. With 4 clients the aggregate rate should be >= 2.5x one client's (a decode step
-reads the weights once for every slot).
+reads the weights once for every slot). By default ggx decodes a fixed number of rows (one per
+slot, for batch invariance), so one client alone pays for all the rows; `--no-pad-decode` runs the
+server with only the generating rows (one client at its fastest): run both.
 
 llama-server comes from `--llama-server` or $LLAMA_SERVER (build it as llama-bench is built, see
 benchmarks/vs_llamacpp.py, with `--target llama-server`); it serves the same GGUF file with the
@@ -123,10 +125,11 @@ def wait_health(host: str, port: int, proc: subprocess.Popen, timeout: float = 6
     raise SystemExit("the server did not become ready")
 
 
-def start_ggx(model: str | None, parallel: int, ctx: int, threads: int | None) -> tuple[subprocess.Popen, int]:
+def start_ggx(model: str | None, parallel: int, ctx: int, threads: int | None,
+              pad: bool = True) -> tuple[subprocess.Popen, int]:
     ggx = Path(sys.executable).with_name("ggx")
     cmd = [str(ggx), "serve", *([model] if model else []), "--port", "0", "--parallel", str(parallel),
-           "--ctx-size", str(ctx), *(["-t", str(threads)] if threads else [])]
+           "--ctx-size", str(ctx), *(["-t", str(threads)] if threads else []), *([] if pad else ["--no-pad-decode"])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.search(r"http://[^:]+:(\d+)", line)
@@ -164,6 +167,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
     ap.add_argument("--ctx-per-slot", type=int, default=1024, help="context per slot (default 1024)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="CPU threads for both servers")
+    ap.add_argument("--no-pad-decode", action="store_true", help="ggx serve --no-pad-decode (see above)")
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"),
                     help="llama-server binary (default $LLAMA_SERVER; none: ggx only)")
     ap.add_argument("--llama-port", type=int, default=18080, help="port for llama-server (default 18080)")
@@ -173,10 +177,11 @@ def main() -> int:
     ctx = parallel * args.ctx_per_slot
     print(f"{'server':12s} {'clients':>7s} {'tokens':>7s} {'tokens/s':>9s} {'vs 1':>6s} {'ttft p50/90/99':>16s}"
           f" {'itl p50/90/99':>16s} {'errors':>6s}")
-    proc, port = start_ggx(args.model, parallel, ctx, args.threads)
+    proc, port = start_ggx(args.model, parallel, ctx, args.threads, not args.no_pad_decode)
     try:
         wait_health("127.0.0.1", port, proc)
-        run_levels("ggx", "127.0.0.1", port, levels, args.seconds, args.max_tokens)
+        name = "ggx no-pad" if args.no_pad_decode else "ggx"
+        run_levels(name, "127.0.0.1", port, levels, args.seconds, args.max_tokens)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
