@@ -84,9 +84,9 @@ class _Writer:
 def write_tiny_llama(path: Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                      n_ff: int = 96, n_expert: int = 0, n_expert_used: int = 0, wtype: str = "Q4_1",
                      tied: bool = True, seed: int = 0, n_ctx_train: int = 512,
-                     chat_template: str | None = None) -> Path:
+                     chat_template: str | None = None, rope_freqs: np.ndarray | None = None) -> Path:
     """A random-weight llama GGUF (weights of type `wtype`, Q8_0 embedding, F32 norms and router),
-    with `chat_template` as tokenizer.chat_template when given."""
+    with `chat_template` as tokenizer.chat_template and `rope_freqs` as rope_freqs.weight when given."""
     wr = _Writer(path, "llama", n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                  seed=seed, n_ctx_train=n_ctx_train)
     if chat_template is not None:
@@ -116,6 +116,8 @@ def write_tiny_llama(path: Path, *, n_layer: int = 2, n_embd: int = 64, n_head: 
     wr.w.add_tensor("output_norm.weight", np.ones(e, dtype=np.float32))
     if not tied:
         add("output.weight", (e, wr.n_vocab), wtype, 0.5)
+    if rope_freqs is not None:
+        wr.w.add_tensor("rope_freqs.weight", rope_freqs)
     return wr.close(path)
 
 

@@ -7,16 +7,21 @@ and the output matrix (or the tied token embedding).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import GGXFormatError
 from ..graph import Context
 from ..ops import GluKind, RopeMode
 from ..tensor import Tensor
+from ..types import GType
 from . import blocks
 from .architectures import Architecture
 from .blocks import BatchShape, ModelInputs
 from .gguf_file import GGUFFile
 from .hparams import HParams, MetadataReader, common_tensors
 from .kv_cache import KVCache
+
+ROPE_FREQS = "rope_freqs.weight"
 
 
 def read_hparams(f: GGUFFile) -> HParams:
@@ -26,7 +31,26 @@ def read_hparams(f: GGUFFile) -> HParams:
     if hp.n_expert and not 1 <= hp.n_expert_used <= hp.n_expert:
         raise GGXFormatError(f"{f.path}: llama.expert_used_count {hp.n_expert_used} must be in "
                              f"1..{hp.n_expert} (llama.expert_count)")
+    check_rope_freqs(f, hp)
     return hp
+
+
+def check_rope_freqs(f: GGUFFile, hp: HParams) -> None:
+    """Llama 3.1+ files scale RoPE by per-dimension frequency factors (rope_freqs.weight, F32
+    [n_rot / 2]: the angle of pair i is divided by factor i). ggx's ROPE has no frequency
+    factors yet, so a file whose factors are not all 1 is refused rather than run with wrong
+    angles; all-ones factors change nothing and are accepted."""
+    if ROPE_FREQS not in f.tensors:
+        return
+    t = f.tensor(ROPE_FREQS)
+    if t.type is not GType.F32 or t.ne != (hp.n_rot // 2,):
+        raise GGXFormatError(f"{f.path}: tensor {ROPE_FREQS!r} is {t.type.name} {list(t.ne)}, "
+                             f"expected F32 [{hp.n_rot // 2}] (one factor per rotated pair)")
+    factors = np.asarray(t.data).view(np.float32)
+    if not np.all(factors == 1.0):
+        raise GGXFormatError(f"{f.path}: {ROPE_FREQS!r} holds RoPE frequency factors (Llama 3.1+ rope "
+                             f"scaling, from {factors.min():g} to {factors.max():g}): not supported yet "
+                             "(ggx's ROPE has no frequency factors; running it without them would give wrong logits)")
 
 
 def expected_tensors(hp: HParams) -> dict[str, tuple[int, ...]]:
