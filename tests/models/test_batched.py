@@ -122,3 +122,17 @@ def test_one_slot(tiny):
     while b.busy:
         b.step()
     assert s.generated == [t.id for t in tiny.generate([5, 6, 7], 3, stop_at_eos=False)]
+
+
+def test_a_long_prompt_is_fed_in_chunks_while_the_others_keep_generating(tiny):
+    prompts = _prompts(tiny.n_vocab, (4, 60), seed=9)
+    b = Batcher(tiny, n_seq=2, n_ctx=512, n_chunk=8, decode_rows=2)
+    a = b.add(prompts[0], 20, stop_at_eos=False)
+    b.step()  # a's prompt, its first token
+    long = b.add(prompts[1], 2, stop_at_eos=False)
+    steps = 0
+    while long.prefilling:
+        events = b.step()
+        steps += 1
+        assert a in [e.sequence for e in events if e.token is not None]  # a token for a every step
+    assert steps == 60 // 8 + 1 and long.n_fed == 60
