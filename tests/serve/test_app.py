@@ -55,7 +55,8 @@ def test_streaming_equals_the_whole_answer(client):
                                              temperature=0).choices[0].text
 
 
-def test_stop_sequences_end_the_text_before_them(client):
+def test_stop_sequences_end_the_text_before_them(server, client):
+    cancelled = server.engine.counters.requests_cancelled
     full = client.completions.create(model="smollm2", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
     text = full.choices[0].text
     stop = text[len(text) // 2: len(text) // 2 + 2]
@@ -68,6 +69,7 @@ def test_stop_sequences_end_the_text_before_them(client):
                                               stop=stop, stream=True))
     assert "".join(c.choices[0].text for c in streamed) == want
     assert streamed[-1].choices[0].finish_reason == "stop"
+    assert server.engine.counters.requests_cancelled == cancelled  # a stop is not a client going away
 
 
 def test_concurrent_clients_get_their_one_at_a_time_answers(client):

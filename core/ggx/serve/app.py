@@ -233,7 +233,7 @@ def create_app(model: Model, engine: Engine, config: ServeConfig) -> FastAPI:
                      stops: StopText) -> AsyncIterator[tuple[str, Token | None, str | None]]:
         """(text to send, its token, finish reason when it is the end) until the job is done; the
         job is cancelled when this ends early (the client went away, a stop sequence)."""
-        finished = False
+        finished = stopped = False
         try:
             while True:
                 try:
@@ -256,7 +256,7 @@ def create_app(model: Model, engine: Engine, config: ServeConfig) -> FastAPI:
                 yield text, item, None
         finally:
             if not finished:
-                engine.cancel(job)
+                engine.cancel(job, client_gone=not stopped)
 
     def usage(job: Job, n: int) -> dict[str, int]:
         return {"prompt_tokens": len(job.prompt), "completion_tokens": n, "total_tokens": len(job.prompt) + n}

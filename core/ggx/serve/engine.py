@@ -103,13 +103,14 @@ class Engine:
             self._waiting.append(job)
             self._cv.notify()
 
-    def cancel(self, job: Job) -> None:
-        """The client went away: `job` leaves at the next step (or never starts)."""
+    def cancel(self, job: Job, client_gone: bool = True) -> None:
+        """End `job` early: it leaves at the next step (or never starts). `client_gone`: its
+        client went away (counted in requests_cancelled), not a stop sequence met."""
         with self._cv:
             if job.cancelled:
                 return
             job.cancelled = True
-            self.counters.requests_cancelled += 1
+            self.counters.requests_cancelled += client_gone
             if job in self._waiting:
                 self._waiting.remove(job)
             else:
