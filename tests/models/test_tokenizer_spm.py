@@ -285,3 +285,29 @@ def test_smollm2_eog(smollm2_path):
     tok = Tokenizer.from_gguf(GGUFFile(smollm2_path))
     # <|endoftext|>, <|im_end|> (EOS), and <reponame>, which llama.cpp takes for the FIM repo token
     assert tok.eog_ids == {0, 2, 4}
+
+
+def test_the_tables_are_built_at_the_first_tokenize(tmp_path):
+    """Loading checks the vocabulary but builds no `tokenizers` tables (seconds for Gemma's 262k
+    tokens); detokenizing needs none; the first tokenize builds them once, also when several
+    threads ask at the same time."""
+    import threading
+
+    eager = Tokenizer.from_gguf(GGUFFile(write_spm(tmp_path / "eager.gguf")))
+    want = eager.tokenize("the cat sat")
+    tok = Tokenizer.from_gguf(GGUFFile(write_spm(tmp_path / "lazy.gguf")))
+    assert tok._hf is None
+    assert tok.detokenize(want) == eager.detokenize(want) and tok.eog_ids == eager.eog_ids
+    assert tok._hf is None
+    results, built = [], set()
+
+    def go():
+        results.append(tok.tokenize("the cat sat"))
+        built.add(id(tok._hf))
+
+    threads = [threading.Thread(target=go) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [want] * 4 and len(built) == 1 and want

@@ -34,11 +34,13 @@ are missing is dropped where llama.cpp fails.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ..errors import GGXFormatError, GGXUnsupported
+from ..host import trim_heap
 from .gc_pause import gc_paused
 from .gguf_file import GGUFFile
 
@@ -101,7 +103,10 @@ class Tokenizer:
     `from_gguf` reads the file's keys with llama.cpp's defaults; the constructor takes them as
     given. `model` is "gpt2" (give `merges`) or "llama" (give `scores`, or none: all 0 as in
     llama.cpp). `role_ids` maps roles of `ROLE_KEYS` ("eot", "fim_pad", ...) to the ids the file
-    names; the roles it leaves out are found by token text, as llama.cpp does.
+    names; the roles it leaves out are found by token text, as llama.cpp does. Everything the
+    file can get wrong is checked here; an SPM vocabulary's `tokenizers` tables are built at the
+    first tokenize (seconds for a 262k vocabulary; detokenizing and the special tokens do not
+    need them).
     """
 
     def __init__(self, vocab: Sequence[str], merges: Sequence[str] = (), token_types: Sequence[int] | None = None,
@@ -140,14 +145,34 @@ class Tokenizer:
         self._hidden = set(np.flatnonzero(np.isin(kinds, (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN))).tolist())
         self._hidden |= forced_control
         self.special_ids = self._hidden | set(np.flatnonzero(kinds == TOKEN_TYPE_USER_DEFINED).tolist())
+        self._hf = None  # the `tokenizers.Tokenizer`, built by `_tok`
+        self._build_lock = threading.Lock()
         if model == "llama":
-            self._tok = self._build_spm(scores)
+            self._check_spm(scores)  # the file's mistakes are found here; the build waits for a first use
         else:
-            self._tok = self._build_gpt2(merges, pre)
+            self._hf = self._with_specials(self._build_gpt2(merges, pre))
+
+    @property
+    def _tok(self):
+        """The `tokenizers.Tokenizer`. An SPM vocabulary's is built at its first use: ranking the
+        merges of a 262k vocabulary and building the library's tables takes seconds and ~125 MB,
+        which a process that never turns text into tokens (`ggx bench`) does not pay."""
+        tok = self._hf
+        if tok is None:
+            with self._build_lock:
+                if self._hf is None:
+                    self._hf = self._with_specials(self._build_spm())
+                    self._score = None
+                    trim_heap()  # the merges' garbage, given back
+                tok = self._hf
+        return tok
+
+    def _with_specials(self, tok):
         from tokenizers import AddedToken
 
-        self._tok.add_tokens([AddedToken(vocab[i], special=i in self._hidden, normalized=False)
-                              for i in sorted(self.special_ids)])
+        tok.add_tokens([AddedToken(self.vocab[i], special=i in self._hidden, normalized=False)
+                        for i in sorted(self.special_ids)])
+        return tok
 
     def _build_gpt2(self, merges: Sequence[str], pre: str):
         from tokenizers import Regex, decoders, models, pre_tokenizers
@@ -176,10 +201,8 @@ class Tokenizer:
         tok.decoder = decoders.ByteLevel()
         return tok
 
-    def _build_spm(self, scores: Sequence[float] | None):
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import models, normalizers
-
+    def _check_spm(self, scores: Sequence[float] | None) -> None:
+        """The SPM vocabulary's scores and byte tokens, checked (`_score`, `_byte_value`)."""
         n = self.n_vocab
         if scores is None:
             score = np.zeros(n)
@@ -195,6 +218,13 @@ class Tokenizer:
             if m is None:
                 raise GGXFormatError(f"byte token {i} is {self.vocab[i]!r}, not <0xXX>")
             self._byte_value[i] = int(m.group(1), 16)
+        self._score = score
+
+    def _build_spm(self):
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import models, normalizers
+
+        score, n = self._score, self.n_vocab
         index = dict(zip(self.vocab, range(n)))  # a duplicated token keeps its last id, as llama.cpp's map
         # half a million merge tuples would set off the cycle collector again and again (0.3 s)
         with gc_paused():
