@@ -21,6 +21,18 @@ embedding does, which a logit check needs), quantized with ggx's bit-exact quant
 written with `gguf.GGUFWriter`. The values depend only on the seed, the dimensions and the
 vocabulary size: `write` with `types` remakes, byte for byte, a file llama-quantize made from
 such a source. Needs ~1 GB of memory and about a minute for the default size.
+
+The 1.07B-sized files of each architecture for benchmarks/vs_llamacpp.py (the same weight bytes
+per token as the default llama: qwen3's 16 heads of 128 and 4 KV heads give llama's Q/K/V
+widths; qwen3moe's 16 experts of 512 (4 used) hold the same FFN weights, a quarter of them read
+per token), as F16 sources quantized by llama-quantize (Q4_0, Q4_K_M):
+
+    python benchmarks/synthetic_llama.py llama-f16.gguf --type f16
+    python benchmarks/synthetic_llama.py qwen2-f16.gguf --arch qwen2 --type f16
+    python benchmarks/synthetic_llama.py qwen3-f16.gguf --arch qwen3 --type f16 --n-head 16 --n-head-kv 4 --head-dim 128
+    python benchmarks/synthetic_llama.py qwen3moe-f16.gguf --arch qwen3moe --type f16 --n-head 16 --n-head-kv 4 \
+        --head-dim 128 --n-expert 16 --n-expert-used 4 --n-ff 512
+    llama-quantize X-f16.gguf X-q4_0.gguf Q4_0; llama-quantize X-f16.gguf X-q4_k_m.gguf Q4_K_M
 """
 from __future__ import annotations
 
