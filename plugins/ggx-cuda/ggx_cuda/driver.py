@@ -199,7 +199,9 @@ class CupyDriver(Driver):
     def __init__(self) -> None:
         self._modules: dict[str, Any] = {}
         self._names: dict[str, set[str]] = {}
-        self._dynamic_smem: dict[Kernel, int] = {}  # the opt-in limit set on each function so far
+        self._functions: dict[Kernel, Any] = {}  # RawKernel per kernel (it resolves per current device)
+        self._stream_device: dict[int, int] = {}  # stream handle -> its device (a CuPy Stream does not say)
+        self._dynamic_smem: dict[tuple[Kernel, int], int] = {}  # the opt-in set per (function, device)
 
     @staticmethod
     @functools.cache
@@ -262,22 +264,39 @@ class CupyDriver(Driver):
     def stream(self, device: int) -> Any:
         cp = self._cupy()
         with cp.cuda.Device(device):
-            return cp.cuda.Stream(non_blocking=True)
+            s = cp.cuda.Stream(non_blocking=True)
+        self._stream_device[s.ptr] = device
+        return s
+
+    def device_of(self, stream: Any) -> int:
+        return self._stream_device.get(stream.ptr, 0)
+
+    def _on(self, stream: Any) -> Any:
+        """The stream's device as the current one (a context manager): launches, copies, cuBLAS
+        and captures run inside it, as ggml's ggml_cuda_set_device before each, so a second GPU
+        gets its own functions, cuBLAS handle and shared-memory opt-in."""
+        return self._cupy().cuda.Device(self.device_of(stream))
 
     def copy_h2d(self, stream: Any, dst: int, src: np.ndarray) -> None:
         cp = self._cupy()
-        cp.cuda.runtime.memcpyAsync(dst, src.ctypes.data, src.nbytes, cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        with self._on(stream):
+            cp.cuda.runtime.memcpyAsync(dst, src.ctypes.data, src.nbytes, cp.cuda.runtime.memcpyHostToDevice,
+                                        stream.ptr)
 
     def copy_d2h(self, stream: Any, dst: np.ndarray, src: int) -> None:
         cp = self._cupy()
-        cp.cuda.runtime.memcpyAsync(dst.ctypes.data, src, dst.nbytes, cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        with self._on(stream):
+            cp.cuda.runtime.memcpyAsync(dst.ctypes.data, src, dst.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
+                                        stream.ptr)
 
     def copy_d2d(self, stream: Any, dst: int, src: int, size: int) -> None:
         cp = self._cupy()
-        cp.cuda.runtime.memcpyAsync(dst, src, size, cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+        with self._on(stream):
+            cp.cuda.runtime.memcpyAsync(dst, src, size, cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
 
     def memset(self, stream: Any, dst: int, value: int, size: int) -> None:
-        self._cupy().cuda.runtime.memsetAsync(dst, value, size, stream.ptr)
+        with self._on(stream):
+            self._cupy().cuda.runtime.memsetAsync(dst, value, size, stream.ptr)
 
     def synchronize(self, stream: Any) -> None:
         stream.synchronize()
@@ -297,6 +316,12 @@ class CupyDriver(Driver):
         event.synchronize()
 
     def _function(self, kernel: Kernel) -> Any:
+        f = self._functions.get(kernel)
+        if f is None:
+            f = self._functions[kernel] = self._module_function(kernel)
+        return f
+
+    def _module_function(self, kernel: Kernel) -> Any:
         mod = self._modules.get(kernel.source)
         if mod is None or kernel.name not in self._names[kernel.source]:
             from .kernels import NAME_EXPRESSIONS
@@ -313,28 +338,34 @@ class CupyDriver(Driver):
             self._function(k)
 
     def run(self, stream: Any, node: Tensor, launches: Sequence[Launch]) -> None:
-        for launch in launches:
-            if isinstance(launch, GemmLaunch):
-                self._gemm(stream, launch)
-            else:
-                f = self._function(launch.kernel)
-                if launch.shared > self._dynamic_smem.get(launch.kernel, STATIC_SMEM_LIMIT):
-                    self._opt_in_smem(f, launch)
-                f(launch.grid, launch.block, launch.args, shared_mem=launch.shared, stream=stream)
+        with self._on(stream):
+            for launch in launches:
+                if isinstance(launch, GemmLaunch):
+                    self._gemm(stream, launch)
+                else:
+                    f = self._function(launch.kernel)
+                    device = self.device_of(stream)
+                    if launch.shared > self._dynamic_smem.get((launch.kernel, device), STATIC_SMEM_LIMIT):
+                        self._opt_in_smem(f, launch, device)
+                    f(launch.grid, launch.block, launch.args, shared_mem=launch.shared, stream=stream)
 
-    def _opt_in_smem(self, f: Any, launch: KernelLaunch) -> None:
-        """Dynamic shared memory past 48 KiB (MMQ's tiles) must be opted into per function
-        (ggml's CUDA_SET_SHARED_MEMORY_LIMIT); a CuPy RawKernel sets it through this property."""
+    def _opt_in_smem(self, f: Any, launch: KernelLaunch, device: int) -> None:
+        """Dynamic shared memory past 48 KiB (MMQ's tiles) must be opted into per function and
+        device (ggml's CUDA_SET_SHARED_MEMORY_LIMIT); a CuPy RawKernel sets it through this
+        property, on the function of the current device."""
         f.max_dynamic_shared_size_bytes = launch.shared
-        self._dynamic_smem[launch.kernel] = launch.shared
+        self._dynamic_smem[(launch.kernel, device)] = launch.shared
 
     def _gemm(self, stream: Any, g: GemmLaunch) -> None:
-        """cublasGemmStridedBatchedEx with F32 accumulation (CUBLAS_COMPUTE_32F)."""
+        """cublasGemmStridedBatchedEx with F32 accumulation (CUBLAS_COMPUTE_32F), on the current
+        device's handle with its stream and the host pointer mode set for this call (CuPy's own
+        BLAS calls switch the shared handle's mode)."""
         cp = self._cupy()
         from cupy_backends.cuda.libs import cublas
 
         handle = cp.cuda.device.get_cublas_handle()
         cublas.setStream(handle, stream.ptr)
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         types = {"f32": 0, "f16": 2, "bf16": 14}  # CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
         one, zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
         cublas.gemmStridedBatchedEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, g.m, g.n, g.k,
@@ -344,10 +375,13 @@ class CupyDriver(Driver):
                                     cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
 
     def capture_begin(self, stream: Any) -> None:
-        stream.begin_capture()
+        with self._on(stream):
+            stream.begin_capture()
 
     def capture_end(self, stream: Any) -> Any:
-        return stream.end_capture()
+        with self._on(stream):
+            return stream.end_capture()
 
     def graph_launch(self, graph: Any, stream: Any) -> None:
-        graph.launch(stream)
+        with self._on(stream):
+            graph.launch(stream)
