@@ -73,3 +73,33 @@ def test_each_sequence_has_its_own_sliding_window_ring():
     assert b.full.kv_idx.tolist() == [1024 + 304, 1024 + 305]
     assert (np.isfinite(b.swa.mask).sum(axis=1) == [6, 6]).all()  # the window only
     assert c.seq_pos(s0) == 0 and (c.swa.cell_pos[:KV_PAD] == -1).all()
+
+
+def test_seq_keep_forgets_the_tail_of_one_sequence():
+    c = _cache(2, n_ctx=2 * 512)
+    a, b = c.seq_add(), c.seq_add()
+    c.commit(c.plan(10, a))
+    c.commit(c.plan(6, b))
+    assert c.seq_keep(a, 4)
+    assert c.seq_pos(a) == 4 and c.seq_pos(b) == 6
+    region = c.full.cell_pos[:512]
+    assert region[:4].tolist() == [0, 1, 2, 3] and (region[4:] == -1).all()
+    assert c.full.cell_pos[512:518].tolist() == list(range(6))  # the other sequence is untouched
+    nxt = c.plan(1, a)  # the next token takes position 4 and sees 0..4 only
+    assert nxt.pos.tolist() == [4] and np.isfinite(nxt.full.mask[0, :5].astype(np.float32)).all()
+    assert np.isinf(nxt.full.mask[0, 5:].astype(np.float32)).all()
+    with pytest.raises(GGXShapeError, match="cannot keep 7 tokens of a sequence of 4"):
+        c.seq_keep(a, 7)
+
+
+def test_seq_keep_refuses_a_window_the_ring_overwrote():
+    # sliding layer 0 (window 4) in a ring of KV_PAD slots, full-context layer 1
+    c = KVCache(2, 8, 1024, registry.get_device("ref").buffer_type(), swa_layers=(True, False), n_swa=4, n_batch=8)
+    assert c.swa.size == KV_PAD
+    for _ in range(300 // 4):
+        c.commit(c.plan(4))
+    assert c.n_past == 300
+    assert not c.seq_keep(0, 40)  # positions 37..39 were overwritten by 293..295
+    assert c.n_past == 300  # refused: nothing changed
+    assert c.seq_keep(0, 290)  # 287..289 are still in the ring
+    assert c.n_past == 290 and (c.swa.cell_pos < 290).all() and c.swa.cell_pos.max() == 289
