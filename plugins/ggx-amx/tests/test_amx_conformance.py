@@ -37,3 +37,16 @@ def test_amx_shaped_cases_all_pass(suite, gtype):
     report = suite.run(cases)
     assert report.count(PASS) == len(cases), [f"{r.id}: {r.status} {r.message}" for r in report.results
                                               if r.status != PASS]
+
+
+@pytest.mark.parametrize("gtype", TYPES, ids=lambda t: t.name)
+def test_the_suite_s_mul_mat_id_cases_of_amx_shapes_pass(suite, gtype):
+    """`ggx test-ops --buft AMX -o MUL_MAT_ID`: the suite's MUL_MAT_ID cases with 32 rows per expert
+    (one per ids pattern: repeated, unused, all and decode experts) run on AMX and pass; the others
+    (16 rows, ggml's golden shapes) are AMX's refusal."""
+    report = suite.run(suite.items(ops=["MUL_MAT_ID"], types=[gtype]))
+    assert report.ok, [f"{r.id}: {r.message}" for r in report.failures]
+    passed = [r.id for r in report.results if r.status == PASS]
+    assert len(passed) >= 4 and all("m=32" in i for i in passed), report.summary()
+    skipped = [r for r in report.results if r.status == SKIP]  # 16 rows, ggml's golden shapes
+    assert all("m=32" not in r.id and "AMX_EMULATED refuses" in r.message for r in skipped), skipped
