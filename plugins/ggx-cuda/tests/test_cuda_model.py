@@ -41,7 +41,9 @@ def test_model_mode_on_the_driver_double(device, fake):
     assert fake.launched  # the kernels were planned and launched on the double
 
 
-def test_graphs_on_and_off_are_bit_identical_on_the_driver_double(device):
-    r = compare_model(None, device, device, prompt=[1, 2, 3], n_decode=3, layers=2, graphs=True)
-    assert r.graphs is not None and r.graphs.identical and r.graphs.steps == 4, r.graphs
+def test_graphs_on_and_off_are_bit_identical_on_the_driver_double(device, fake):
+    captures, launches = fake.captures, fake.graph_launches
+    r = compare_model(None, device, device, prompt=[1, 2, 3], n_decode=4, layers=2, graphs=True)
+    assert r.graphs is not None and r.graphs.identical and r.graphs.steps == 5, r.graphs
     assert r.nodes == []  # one backend: only the graphs check runs
+    assert fake.captures == captures + 1 and fake.graph_launches > launches  # the "on" side replayed decode
