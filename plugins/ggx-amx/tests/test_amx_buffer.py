@@ -176,3 +176,16 @@ def test_weights_go_whole_into_the_layout(amx_buft):
 def test_an_unknown_engine_is_refused(amx_cpu):
     with pytest.raises(GGXUnsupported, match="unknown engine"):
         AmxBufferType(amx_cpu, "fast")
+
+
+def test_the_emulated_type_is_never_timed(amx_cpu, tmp_path, monkeypatch):
+    """`ggx tune` on a CPU device holding AMX_EMULATED lists it as not timed (its speed means
+    nothing, benchmarks/amx.py's rule) and times the others; a profile can thus never choose it."""
+    from ggx import tune
+
+    monkeypatch.setenv(tune.CACHE_ENV, str(tmp_path))
+    assert registry.extra_buffer_types(amx_cpu)[0].emulated
+    p = tune.tune(amx_cpu, types=["Q4_0"], shape=(256, 32), prompt=4, budget_s=60)
+    assert p.not_timed["AMX_EMULATED"] == "emulated (its speed means nothing)"
+    assert {b for b, _, _ in p.timings} <= {b.name for b in tune.candidates(amx_cpu) if not b.emulated}
+    assert not any(b == "AMX_EMULATED" for b, _, _ in p.timings)
