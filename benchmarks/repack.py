@@ -48,7 +48,6 @@ def _median_time(fn, min_time: float) -> float:
 
 
 def bench_type(gtype: GType, K: int, M: int, N: int, threads: list[int], min_time: float) -> None:
-    from ggx_cpu.kernels import matmul
     from ggx_repack.plugin import buffer_type
 
     cpu = registry.get_device("CPU")
@@ -86,9 +85,12 @@ def bench_type(gtype: GType, K: int, M: int, N: int, threads: list[int], min_tim
                 tensor_array(b)[...] = rng.standard_normal((1, 1, n_cols, K)).astype(np.float32)
                 nodes.append(out)
         for nt in threads:
-            def run(nodes, prepare, nt=nt):
-                """Cycle over the nodes' launches (bound once, as a backend does for a graph it reruns)."""
-                launches = [prepare(node, nt) for node in nodes]
+            backend = cpu.init_backend(n_threads=nt)
+
+            def run(nodes, backend=backend):
+                """Cycle over the nodes' launches, bound once and planned as the backend does for a
+                graph it reruns (`launch_for`: a split kernel of one column runs on the workers)."""
+                launches = [backend.launch_for(node) for node in nodes]
                 i = [0]
 
                 def step():
@@ -96,8 +98,8 @@ def bench_type(gtype: GType, K: int, M: int, N: int, threads: list[int], min_tim
                     i[0] += 1
                 return step
 
-            t_plain = _median_time(run(plain_nodes, matmul.mul_mat), min_time)
-            t_rep = _median_time(run(repack_nodes, repack.prepare_forward), min_time)
+            t_plain = _median_time(run(plain_nodes), min_time)
+            t_rep = _median_time(run(repack_nodes), min_time)
             if n_cols == 1:
                 unit, fp, fr = "GB/s", raw.size / t_plain / 1e9, raw.size / t_rep / 1e9
             else:

@@ -192,20 +192,20 @@ class Model:
         """Get the first prompts ready at load time (`warmup=True`): size the compute buffers for
         the largest batch (llama.cpp's worst-case reserve), build, plan and bind the graph of every
         prompt bucket up to PREPARED_PROMPT_TOKENS tokens on an empty cache (computing nothing),
-        then evaluate a throwaway short prompt and two decode steps and forget them: the kernels
-        are loaded (or compiled) and decode's graph is ready too (a backend that turns a graph
-        computed again into one compiled call, as ggx-cpu does, has done so). A first prompt of
-        any length up to PREPARED_PROMPT_TOKENS then costs its arithmetic only."""
+        then evaluate a throwaway short prompt and one decode step and forget them: the kernels
+        are loaded (or compiled) and decode's graph is prepared too (`_graph` prepares every graph
+        it builds: a backend that turns a prepared graph into one compiled call, as ggx-cpu does,
+        has done so). A first prompt of any length up to PREPARED_PROMPT_TOKENS then costs its
+        arithmetic only."""
         with self._lock, gc_paused():
             self._clear_cache()
             self.runner.reserve(self._build(self._worst_case())[0])
             for n in self._prepared_buckets():
                 planned = self.cache.plan(n)
-                self.runner.prepare(self._graph(BatchShape(n, planned.n_kv, 1, planned.n_kv_swa))[0])
+                self._graph(BatchShape(n, planned.n_kv, 1, planned.n_kv_swa))
             self._eval(np.zeros(min(8, self.n_ctx - 1, self.n_batch) or 1, np.int64))
-            for _ in range(2):
-                if self.cache.n_past < self.n_ctx:
-                    self._eval(np.zeros(1, np.int64))
+            if self.cache.n_past < self.n_ctx:
+                self._eval(np.zeros(1, np.int64))
             self._clear_cache()
 
     # --- text ---------------------------------------------------------------------------------
@@ -353,12 +353,14 @@ class Model:
         return swa is None or swa.size >= self.n_ctx or n_tokens + swa.window - 1 <= swa.size
 
     def _graph(self, shape: BatchShape) -> tuple[Graph, Tensor, ModelInputs]:
-        """The batch graph, kept per shape (the last KEPT_GRAPHS): a decode loop, or prompts of
-        nearby lengths, submit the very same graph, so nothing is rebuilt, re-planned or bound again."""
+        """The batch graph, kept per shape (the last KEPT_GRAPHS) and prepared when built
+        (`Runner.prepare`): a decode loop, or prompts of nearby lengths, submit the very same
+        graph, so nothing is rebuilt, re-planned or bound again."""
         key = (shape, self.flash_attn)
         hit = self._graphs.pop(key, None)
         if hit is None:
             hit = self._build(shape)
+            self.runner.prepare(hit[0])
             if len(self._graphs) >= KEPT_GRAPHS:
                 del self._graphs[next(iter(self._graphs))]  # the least recently used
         self._graphs[key] = hit

@@ -17,8 +17,6 @@
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ggx.backend import Device, Launch
@@ -26,6 +24,7 @@ from ggx.errors import GGXUnsupported
 from ggx.host import TransformedBuffer, tensor_array
 from ggx.ops import Op
 from ggx.tensor import Tensor
+from ggx_cpu.extension import Deferred
 from ggx_cpu.traits import CpuExtraBufferType, expert_offsets
 
 from .layout import TileFormat, pack, tile_format
@@ -92,37 +91,39 @@ class AmxBufferType(CpuExtraBufferType):
         w = a.data_buffer.packed_bytes()
         fmt = tile_format(a.type)
         if op.op is Op.MUL_MAT_ID:  # columns grouped by the ids' values: planned at every compute
-            return functools.partial(_run_id, op, fmt, w, self.engine, n_threads)
+            return Deferred(_made_id, op, fmt, w, self.engine, n_threads)
         x = tensor_array(op.src[1]).reshape(-1, a.ne[0])
         cols = np.arange(x.shape[0], dtype=np.int64)
         return _bind(fmt, self.engine, w, np.array([a.data_offset], np.int64), a.ne, x,
                      np.array([0, x.shape[0]], np.int64), cols, cols, True, tensor_array(op).reshape(-1), n_threads)
 
 
-def _run_id(op: Tensor, fmt: TileFormat, w: np.ndarray, engine: str, n_threads: int) -> None:
-    """MUL_MAT_ID: the used experts' columns from the ids (checked), then the kernel."""
+def _made_id(op: Tensor, fmt: TileFormat, w: np.ndarray, engine: str, n_threads: int) -> Launch:
+    """MUL_MAT_ID's launch, made at every compute: the used experts' columns from the ids (checked)."""
     a, b = op.src[0], op.src[1]
     wg, cols = expert_offsets(op, fmt.packed_nbytes((a.ne[0], a.ne[1], 1, 1)))
     x = tensor_array(b).reshape(-1, a.ne[0])
-    _bind(fmt, engine, w, wg, a.ne, x, cols.cstart, cols.ycol, cols.slot, False, tensor_array(op).reshape(-1),
-          n_threads)()
+    return _bind(fmt, engine, w, wg, a.ne, x, cols.cstart, cols.ycol, cols.slot, False, tensor_array(op).reshape(-1),
+                 n_threads)
 
 
 def _bind(fmt: TileFormat, engine: str, w: np.ndarray, wg: np.ndarray, ne: tuple[int, ...], x: np.ndarray,
           cstart: np.ndarray, ycol: np.ndarray, ocol: np.ndarray, direct: bool, out: np.ndarray,
           n_threads: int) -> Launch:
     """ggx-cpu's quantizer of the activation rows x [n, K] (to the weight's vec_dot_type), then
-    `kernels.amx_mm`, each bound to its compiled entry point (ggx-cpu's `launch`)."""
+    `kernels.amx_mm` over the tasks (`kernels.tasks`), a split kernel: ggx-cpu's backend runs it
+    as jobs of its worker threads for one token (fused with the rest of a decode step, as
+    CPU_REPACK's products), as a parallel region for a batch."""
     import numba
 
-    from ggx_cpu.extension import act_launch, in_order, launch, token
+    from ggx_cpu.extension import act_launch, in_order, split, token
 
-    from .kernels import amx_mm
+    from .kernels import BLOCK, amx_mm, tasks
     from .tiles import engine as engine_token
     from .tiles import tile_config
 
     n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
     act, quantize = act_launch(x, fmt.gtype.vec_dot_type, n)
-    mm = launch(amx_mm, token(), engine_token(engine), fmt, w, wg, ne[0], ne[1], act.qs, act.d, act.s, act.s4,
-                cstart, ycol, ocol, direct, tile_config(), out, n, n_threads=n)
+    mm = split(amx_mm, token(), engine_token(engine), fmt, w, wg, ne[0], ne[1], act.qs, act.d, act.s, act.s4,
+               cstart, ycol, ocol, direct, tile_config(), out, *tasks(cstart, ne[1] // BLOCK), parts=n)
     return in_order(quantize, mm)

@@ -1,8 +1,9 @@
 """MUL_MAT / MUL_MAT_ID on weights in ggml's AMX layout (layout.py): ggml's amx/mmq.cpp kernels.
 
-A launch is two compiled calls: ggx-cpu's activation quantizer (the weight's vec_dot_type:
-Q8_0, Q8_1 or Q8_K, `act_launch`), then `amx_mm`, one per (ISA token, engine token, tile
-format), one parallel region over tasks. A task is 32 weight rows (two tiles of rows) of one
+A launch is ggx-cpu's activation quantizer (the weight's vec_dot_type: Q8_0, Q8_1 or Q8_K,
+`act_launch`), then `amx_mm`, one per (ISA token, engine token, tile format), a split kernel
+over tasks (ggx-cpu's `split`: jobs of its worker threads for one token, one parallel region for
+a batch). A task is 32 weight rows (two tiles of rows) of one
 matrix and up to 32 of its activation columns:
 
 - gemm (a matrix with more than one column): the tiling loop of ggml's `tinygemm_kernel_amx`.
@@ -39,7 +40,7 @@ accumulation; this loop runs them one after the other (simpler; the difference i
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 from numba.extending import overload
 
 from ggx_cpu.extension import (
@@ -439,7 +440,7 @@ def _offsets(fmt, w, o, ys, s4, col, K, i, dy, f0, f1):
 
 # --- the kernel -----------------------------------------------------------------------------------------------
 @njit(cache=True)
-def _tasks(cstart, n_blocks):
+def tasks(cstart, n_blocks):
     """(matrix, row block, column block) of every task: one per 32 weight rows and 32 columns."""
     G = cstart.shape[0] - 1
     n = 0
@@ -489,16 +490,15 @@ def _run_tasks(isa, eng, fmt, w, wg, K, M, qs, yd, ys, s4, cstart, ycol, ocol, d
     tile_end(eng, T)
 
 
-@njit(cache=True, parallel=True)
-def amx_mm(isa, eng, fmt, w, wg, K, M, qs, yd, ys, s4, cstart, ycol, ocol, direct, cfg, out, nthreads):
-    """MUL_MAT / MUL_MAT_ID on AMX-layout weights and quantized activations (module docstring):
-    one parallel region over `nthreads` contiguous chunks of tasks."""
-    tg, tn, tm = _tasks(cstart, M // BLOCK)
-    n = tg.shape[0]
-    nch = max(1, min(nthreads, n))
-    for ch in prange(nch):
+@njit(cache=True)
+def amx_mm(part, parts, isa, eng, fmt, w, wg, K, M, qs, yd, ys, s4, cstart, ycol, ocol, direct, cfg, out, tg, tn, tm):
+    """MUL_MAT / MUL_MAT_ID on AMX-layout weights and quantized activations (module docstring)
+    as a split kernel (ggx-cpu's `split`): part p runs the tasks (tg, tn, tm: `tasks`)
+    p * n // parts up to (p + 1) * n // parts; no prologue or epilogue."""
+    if 0 <= part < parts:
+        n = tg.shape[0]
         _run_tasks(isa, eng, fmt, w, wg, K, M, qs, yd, ys, s4, cstart, ycol, ocol, direct, cfg, out, tg, tn, tm,
-                   ch * n // nch, (ch + 1) * n // nch)
+                   part * n // parts, (part + 1) * n // parts)
 
 
-__all__ = ["amx_mm", "FormatType", "BLOCK"]
+__all__ = ["amx_mm", "tasks", "FormatType", "BLOCK"]

@@ -127,9 +127,9 @@ ASM_SCRIPT = textwrap.dedent("""
     out = {}
     for name in sys.argv[1:]:
         z = np.zeros(2, np.int64)
-        args = (token(), Engine("amx"), FORMATS[GType[name]], np.zeros(64, np.uint8), z, 256, 32,
+        args = (0, 1, token(), Engine("amx"), FORMATS[GType[name]], np.zeros(64, np.uint8), z, 256, 32,
                 np.zeros(64, np.int8), np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(4, np.int32),
-                z, z, z, True, tile_config(), np.zeros(4, np.float32), 1)
+                z, z, z, True, tile_config(), np.zeros(4, np.float32), z, z, z)
         sig = tuple(numba.typeof(a) for a in args)
         amx_mm.compile(sig)  # compiled only: never called
         out[name] = amx_mm.inspect_asm(sig)

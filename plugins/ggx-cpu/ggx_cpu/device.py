@@ -42,10 +42,8 @@ from ggx.ops import Op
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from . import __version__, pool, sysinfo
+from . import __version__, sysinfo
 from .kernels import FLOAT_TYPES, LOAD_TYPES, SLOW_STORE_TYPES, STORE_TYPES
-from .launch import planned
-from .prepared import PreparedGraphs
 from .traits import buft_of
 
 #: Op -> (module under ggx_cpu.kernels, function(node, n_threads) -> Launch); imported on first
@@ -130,6 +128,8 @@ class CpuBackend(Backend):
     name = "CPU"
 
     def __init__(self, device: CpuDevice, n_threads: int | None = None):
+        from .prepared import PreparedGraphs  # numba loads with the first backend, not at discovery
+
         super().__init__(device)
         self.n_threads = sysinfo.default_threads()
         self.prepared = PreparedGraphs()
@@ -159,6 +159,8 @@ class CpuBackend(Backend):
         costs more than many of them, and it waits at every launch for each of its threads, a
         descheduled one included, while a job never waits for a worker that has not started its
         part. A batch's launches are few against their work, which a region shares out evenly."""
+        from . import pool
+
         return self.n_threads > 1 and _tokens(node) == 1 and pool.enabled()
 
     def launch_for(self, node: Tensor) -> Launch | None:
@@ -166,6 +168,8 @@ class CpuBackend(Backend):
         extra buffer type first, else the kernel table. A type that declines keeps ggml's layout
         in host memory (`is_host`), or the op cannot run here. Split kernels are planned here
         (`plan_for`)."""
+        from .launch import planned
+
         if id(node.op) in _NOTHING_TO_RUN_IDS or node.nelements == 0:
             return None
         buft = buft_of(node.src[0] if node.src else None)

@@ -309,23 +309,26 @@ def test_graph_launches_check_data_every_run(dev):
         be.graph_compute(graph)
 
 
-def test_a_graph_computed_again_runs_fused(dev, monkeypatch):
-    """From its second compute a kept graph runs as one compiled sequence (the index check, the
+def test_a_prepared_graph_runs_fused(dev, monkeypatch):
+    """A graph prepared ahead (graph_prepare) runs as one compiled sequence (the index check, the
     row kernels): new data still shows, and an index out of range still raises before its
-    kernel writes anything; with GGX_CPU_WORKERS=0 the launches run one by one."""
-    from ggx_cpu import pool
+    kernel writes anything; a graph only computed runs its launches one by one until its second
+    compute, and a prepared one with GGX_CPU_WORKERS=0 always."""
+    from ggx_cpu.launch import SequenceLaunch
 
     graph, x, ids, y, out, _ = _placed_graph(dev)
     be = dev.init_backend(n_threads=1)
     xs = np.arange(24, dtype=np.float32).reshape(3, 8)
     _set(x, xs)
     _set(y, np.ones((2, 8), np.float32))
+    be.graph_prepare(graph)
+    prepared = be.prepared.kept(graph)
+    assert [type(f) for f in prepared.calls] == [SequenceLaunch]
     for k in range(3):
         _set(ids, np.array([k % 3, 2 - k % 3], np.int32))
         be.graph_compute(graph)
         assert np.array_equal(ggx.host.tensor_array(out)[0, 0], 2 * xs[[k % 3, 2 - k % 3]] + 1)
-    prepared = be.prepared.kept(graph)
-    assert [type(f) for f in prepared.fused] == [pool.SequenceLaunch]
+    assert be.prepared.kept(graph) is prepared
     ggx.host.tensor_array(out)[...] = -1
     _set(ids, np.array([0, 3], np.int32))
     with pytest.raises(GGXShapeError, match="index 3"):
@@ -334,12 +337,22 @@ def test_a_graph_computed_again_runs_fused(dev, monkeypatch):
     _set(ids, np.array([1, 0], np.int32))
     be.graph_compute(graph)  # the check's flag was reset
     assert np.array_equal(ggx.host.tensor_array(out)[0, 0], 2 * xs[[1, 0]] + 1)
+    times = be.graph_profile(graph)  # through the fused sequence, step by step: every node timed
+    assert [n for n, _ in times] == prepared.nodes and all(t > 0 for _, t in times)
+    assert np.array_equal(ggx.host.tensor_array(out)[0, 0], 2 * xs[[1, 0]] + 1)
+
+    computed, _, ids3, _, _, _ = _placed_graph(dev)
+    _set(ids3, np.array([0, 0], np.int32))
+    be.graph_compute(computed)
+    assert be.prepared.kept(computed).calls == be.prepared.kept(computed).launches
+    be.graph_compute(computed)  # nobody prepared it: fused at its second compute
+    assert [type(f) for f in be.prepared.kept(computed).calls] == [SequenceLaunch]
     monkeypatch.setenv("GGX_CPU_WORKERS", "0")
     graph2, _, ids2, _, _, _ = _placed_graph(dev)
     _set(ids2, np.array([0, 0], np.int32))
-    for _ in range(3):
-        be.graph_compute(graph2)
-    assert be.prepared.kept(graph2).fused is None
+    be.graph_prepare(graph2)
+    be.graph_compute(graph2)
+    assert be.prepared.kept(graph2).calls == be.prepared.kept(graph2).launches
 
 
 def test_graph_launches_follow_storage_and_threads(dev):

@@ -1,6 +1,7 @@
-"""ggx_cpu.pool: a job's parts each run exactly once, after its prologue and before its
-epilogue, whether workers help or not, from several Python threads, and in a forked child; the
-arguments it holds are released with it."""
+"""ggx_cpu.pool: a split kernel's job (ggx_cpu.launch: `split(...)` planned onto the workers):
+its parts each run exactly once, after its prologue and before its epilogue, whether workers
+help or not, from several Python threads, and in a forked child; the arguments it holds are
+released with it. The same split as a parallel region runs each part once too."""
 from __future__ import annotations
 
 import gc
@@ -14,8 +15,14 @@ import pytest
 from numba import njit
 
 from ggx.errors import GGXValueError
-from ggx_cpu import pool
-from ggx_cpu.extension import parallel_launch
+from ggx_cpu import atomics, pool
+from ggx_cpu.extension import split
+from ggx_cpu.launch import JobLaunch
+
+
+def parallel_launch(kernel, *args, parts: int):
+    """The split kernel as a job of the worker pool (what the backend plans for one token)."""
+    return split(kernel, *args, parts=parts).planned(True)
 
 
 @njit
@@ -76,10 +83,10 @@ def _meet(part, parts, a):
     """Part 1 sets a[0]; part 0 waits for it (a bounded spin) and writes in a[1] whether it came:
     whether part 1 ran on another thread at the same time."""
     if part == 1:
-        pool.store_release(a, 0, 1)
+        atomics.store_release(a, 0, 1)
     elif part == 0:
         for _ in range(200_000_000):
-            if pool.load_acquire(a, 0) == 1:
+            if atomics.load_acquire(a, 0) == 1:
                 a[1] = 1
                 return
 
@@ -160,7 +167,22 @@ def test_the_job_holds_its_arrays_until_released():
     assert sys.getrefcount(a) < held
 
 
-@pytest.mark.parametrize("parts", [0, pool.MAX_PARTS + 1])
-def test_parts_out_of_range(parts):
+def test_parts_out_of_range():
+    with pytest.raises(GGXValueError, match="at least 1 part"):
+        split(_count, np.zeros(1, np.int64), np.zeros(2, np.int64), 7, parts=0)
     with pytest.raises(GGXValueError, match="parts"):
-        parallel_launch(_count, np.zeros(1, np.int64), np.zeros(2, np.int64), 7, parts=parts)
+        JobLaunch(_count, (np.zeros(1, np.int64), np.zeros(2, np.int64), 7), pool.MAX_PARTS + 1)
+    a, seen = np.zeros(100, np.int64), np.zeros(2, np.int64)
+    split(_count, a, seen, 7, parts=pool.MAX_PARTS + 1).planned(True)()  # more parts than slots: a region
+    _check(a, seen)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 5])
+def test_the_same_split_as_a_parallel_region(parts):
+    """Planned for a batch (or called outside a backend), a split kernel runs its parts in one
+    numba parallel region: prologue, each part once, epilogue."""
+    for workers in (False, None):
+        a, seen = np.zeros(100, np.int64), np.zeros(2, np.int64)
+        f = split(_count, a, seen, 7, parts=parts)
+        (f if workers is None else f.planned(workers))()
+        _check(a, seen)

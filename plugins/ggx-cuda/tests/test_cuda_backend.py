@@ -221,12 +221,13 @@ def test_a_decode_step_is_captured_as_a_cuda_graph(device: CudaDevice, fake: Fak
     """No node of the default model's decode step blocks capture (its Q4_1 / Q8_0 products run as
     MMVQ, attention as the vec kernel, nothing through cuBLAS): after ggml's warm-up the step is
     captured once, then relaunched, on the driver double (which refuses what a capture cannot hold).
-    The model's warm-up computes a decode step twice, so the capture may come at load already."""
+    The model's warm-up computes a decode step once (its graph prepared), so the capture comes with
+    the generation's decode steps."""
     from ggx.models import load_model
 
     captures = fake.captures
     model = load_model(devices=["FAKECUDA0"], n_ctx=64)
-    # the prompt, then 4 decode steps: with the warm-up's two, past ggml's warm-up, one capture, relaunches
+    # the prompt, then 4 decode steps: with the warm-up's one, past ggml's warm-up, one capture, relaunches
     tokens = [t.id for t in model.generate([1, 504, 3575, 282, 4649], max_tokens=5, stop_at_eos=False)]
     assert len(tokens) == 5
     be = next(b for b in model.runner.backends if isinstance(b, CudaBackend))

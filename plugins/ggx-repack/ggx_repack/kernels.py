@@ -37,7 +37,7 @@ Inputs (validated by buffer.py before a kernel runs):
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 from numba.extending import overload
 
 from ggx.types import GType
@@ -558,36 +558,28 @@ def act_scratch(lay, n, K):
             np.empty(n * K // 32, np.int32))
 
 
-@njit(cache=True, parallel=True)
-def repack_mm(isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, out, nthreads):
-    """MUL_MAT / MUL_MAT_ID on repacked weights, F32 activations x [n, K] in, one compiled call.
-
-    The activations are quantized here (serially when small, else a first parallel region),
-    then one parallel region runs `_chunk` over `nthreads` contiguous chunks of (matrix, row
-    group) tasks.
-    """
-    n = x.shape[0]
-    qs, yd, ys, s4, ysum = act_scratch(lay, n, K)
-    nq = min(n, 4 * nthreads) if n * K >= QUANT_PARALLEL_MIN and nthreads > 1 and n > 1 else 1
-    if nq > 1:
-        for c in prange(nq):
-            _quant(lay, x, qs, yd, ys, s4, ysum, c * n // nq, (c + 1) * n // nq)
-    else:
-        _quant(lay, x, qs, yd, ys, s4, ysum, 0, n)
-    nch = max(1, min(nthreads, wg.shape[0] * _units(lay, M)))
-    for ch in prange(nch):
-        _chunk(ch, nch, isa, lay, w, wg, gbytes, nbk, K, M, cstart, ycol, ocol, rows, out, qs, yd, ys, ysum)
+@njit(cache=True)
+def repack_mm(part, parts, isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, out,
+              qs, yd, ys, s4, ysum, quantize):
+    """MUL_MAT / MUL_MAT_ID on repacked weights, F32 activations x [n, K] in, as a split kernel
+    (ggx-cpu's `split`): part -1 quantizes x into the scratch (qs, yd, ys, s4, ysum:
+    `act_scratch`) when `quantize` (else `quant_rows` ran before), parts 0..parts-1 run `_chunk`
+    over contiguous chunks of the (matrix, row group) tasks."""
+    if part < 0:
+        if quantize:
+            _quant(lay, x, qs, yd, ys, s4, ysum, 0, x.shape[0])
+    elif part < parts:
+        _chunk(part, parts, isa, lay, w, wg, gbytes, nbk, K, M, cstart, ycol, ocol, rows, out, qs, yd, ys, ysum)
 
 
 @njit(cache=True)
-def repack_mm_part(part, parts, isa, lay, w, wg, gbytes, nbk, K, M, x, cstart, ycol, ocol, rows, out,
-                   qs, yd, ys, s4, ysum):
-    """`repack_mm` as a job of ggx-cpu's worker threads (`parallel_launch`), for a decode token:
-    part -1 quantizes x into the job's scratch (`act_scratch`), parts 0..parts-1 are the chunks."""
-    if part < 0:
-        _quant(lay, x, qs, yd, ys, s4, ysum, 0, x.shape[0])
-    elif part < parts:
-        _chunk(part, parts, isa, lay, w, wg, gbytes, nbk, K, M, cstart, ycol, ocol, rows, out, qs, yd, ys, ysum)
+def quant_rows(part, parts, lay, x, qs, yd, ys, s4, ysum):
+    """The activations x [n, K] quantized into `repack_mm`'s scratch, as a split kernel: part p
+    quantizes rows p * n // parts up to (p + 1) * n // parts (a batch's, when worth sharing out:
+    QUANT_PARALLEL_MIN)."""
+    if 0 <= part < parts:
+        n = x.shape[0]
+        _quant(lay, x, qs, yd, ys, s4, ysum, part * n // parts, (part + 1) * n // parts)
 
 
 @njit(cache=True)
@@ -641,4 +633,4 @@ def _chunk(ch, nch, isa, lay, w, wg, gbytes, nbk, K, M, cstart, ycol, ocol, rows
             c += nt
 
 
-__all__ = ["repack_mm", "repack_mm_part", "act_scratch", "lane_rows", "LayoutType", "TILE"]
+__all__ = ["repack_mm", "quant_rows", "act_scratch", "QUANT_PARALLEL_MIN", "lane_rows", "LayoutType", "TILE"]

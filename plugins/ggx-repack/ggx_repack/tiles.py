@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from ggx_cpu.extension import Vec, declare, elem_ptr, token_constant
@@ -555,30 +555,27 @@ def tile_scratch(lay, n_ya, n_sc):
             np.empty(n_sc, np.float32))
 
 
-@njit(cache=True, parallel=True)
-def tile_mm(lay, w, wg, gbytes, nbk, K, M, x, tiles, tstart, n_ya, n_sc, ycol, ocol, out, nthreads):
+@njit(cache=True)
+def tile_mm(part, parts, lay, w, wg, gbytes, nbk, K, M, x, tiles, tstart, ycol, ocol, out, ya, yd, yc, ys, quantize):
     """MUL_MAT / MUL_MAT_ID on repacked weights (see the module docstring; `kernels.repack_mm`'s
-    w, wg, gbytes, nbk, K, M, x, ycol, ocol, out): the activations quantized into `tiles`
-    (n_ya bytes, n_sc scalars: `tile_plan`) by a first parallel region, then one over chunks of
-    the (matrix, task) pairs (`_tile_chunk`)."""
-    ya, yd, yc, ys = tile_scratch(lay, n_ya, n_sc)
-    n_tiles = tiles.shape[0]
-    nq = max(1, min(nthreads, n_tiles))
-    for c in prange(nq):
-        quant_tiles(lay, x, ycol, tiles[c * n_tiles // nq: (c + 1) * n_tiles // nq], nbk, ya, yd, yc, ys)
-    nch = max(1, min(nthreads, wg.shape[0] * (M // (lay_rows(lay) * _unit(lay)))))
-    for ch in prange(nch):
-        _tile_chunk(ch, nch, lay, w, wg, gbytes, nbk, M, tiles, tstart, ocol, out, ya, yd, yc, ys)
+    w, wg, gbytes, nbk, K, M, x, ycol, ocol, out) as a split kernel (ggx-cpu's `split`): part -1
+    quantizes the activations into the tiles' scratch (`tile_scratch`: ya, yd, yc, ys, laid out
+    by `tile_plan`) when `quantize` (else `tile_quant` ran before), parts 0..parts-1 run
+    `_tile_chunk` over contiguous chunks of the (matrix, task) pairs."""
+    if part < 0:
+        if quantize:
+            quant_tiles(lay, x, ycol, tiles, nbk, ya, yd, yc, ys)
+    elif part < parts:
+        _tile_chunk(part, parts, lay, w, wg, gbytes, nbk, M, tiles, tstart, ocol, out, ya, yd, yc, ys)
 
 
 @njit(cache=True)
-def tile_mm_part(part, parts, lay, w, wg, gbytes, nbk, K, M, x, tiles, tstart, ycol, ocol, out, ya, yd, yc, ys):
-    """`tile_mm` as a job of ggx-cpu's worker threads (`parallel_launch`), for a decode token:
-    part -1 quantizes the tiles into the job's scratch (`tile_scratch`), parts 0.. the chunks."""
-    if part < 0:
-        quant_tiles(lay, x, ycol, tiles, nbk, ya, yd, yc, ys)
-    elif part < parts:
-        _tile_chunk(part, parts, lay, w, wg, gbytes, nbk, M, tiles, tstart, ocol, out, ya, yd, yc, ys)
+def tile_quant(part, parts, lay, x, ycol, tiles, nbk, ya, yd, yc, ys):
+    """The activation tiles quantized into `tile_mm`'s scratch, as a split kernel: part p takes
+    tiles p * n // parts up to (p + 1) * n // parts (a batch's)."""
+    if 0 <= part < parts:
+        n = tiles.shape[0]
+        quant_tiles(lay, x, ycol, tiles[part * n // parts: (part + 1) * n // parts], nbk, ya, yd, yc, ys)
 
 
 @njit(cache=True)
@@ -624,5 +621,5 @@ def tile_plan(cstart: np.ndarray, lay_name: str, K: int) -> tuple[np.ndarray, np
     return tiles, np.array(tstart, np.int64), off, off // qb
 
 
-__all__ = ["tile_mm", "tile_mm_part", "tile_scratch", "tile_plan", "quant_tiles", "has_tiles", "tile_columns",
+__all__ = ["tile_mm", "tile_quant", "tile_scratch", "tile_plan", "quant_tiles", "has_tiles", "tile_columns",
            "LAYOUTS", "TILE_BIG", "TILE_SMALL"]

@@ -1,18 +1,18 @@
-"""kernels.repack_mm_part: a decode token's product on ggx-cpu's worker threads is bit for bit
-`repack_mm`'s parallel region, for every layout repack_mm computes, MUL_MAT and MUL_MAT_ID, with
-chunks that do not divide the row groups evenly."""
+"""kernels.repack_mm, a split kernel: a decode token's product as a job of ggx-cpu's worker
+threads is bit for bit the same kernel as a parallel region, for every layout repack_mm computes,
+MUL_MAT and MUL_MAT_ID, with chunks that do not divide the row groups evenly."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from repack_testing import repack_buft, run_repacked
 
-import ggx_cpu.extension as ext
+import ggx_cpu.jobs
 from ggx.graph import Context
 from ggx.quants import quantize
 from ggx.types import GType
 from ggx_cpu import isa
-from ggx_repack.kernels import repack_mm_part
+from ggx_repack.kernels import repack_mm
 from ggx_repack.layouts import optimal_layout
 
 TYPES = [GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0, GType.Q4_K]
@@ -20,16 +20,18 @@ CASES = [(t, isa.select()) for t in TYPES] + [(GType.Q4_0, v) for v in isa.avail
 
 
 def _both(cpu, cpu_backend, monkeypatch, build, inputs_of):
-    """`build()`'s output with the workers on (a job) and off (repack_mm): (on, off)."""
-    jobs = []
-    bound = ext.parallel_launch
-    monkeypatch.setattr(ext, "parallel_launch", lambda kernel, *a, **k: jobs.append(kernel) or bound(kernel, *a, **k))
+    """`build()`'s output with the workers on (a job) and off (a parallel region): (on, off)."""
+    assert cpu_backend.n_threads > 1
+    split_jobs = []
+    made = ggx_cpu.jobs.job
+    monkeypatch.setattr(ggx_cpu.jobs, "job", lambda kernel, args, parts: (
+        split_jobs.append(kernel) if parts > 0 else None) or made(kernel, args, parts))
     got = {}
     for workers in ("1", "0"):
         monkeypatch.setenv("GGX_CPU_WORKERS", workers)
         out, inputs = build()
         got[workers], _ = run_repacked(cpu, cpu_backend, repack_buft(cpu), out, inputs_of(inputs))
-    assert jobs == [repack_mm_part]  # bound as a job once, with the workers on
+    assert split_jobs == [repack_mm]  # bound as a job once, with the workers on
     return got["1"], got["0"]
 
 

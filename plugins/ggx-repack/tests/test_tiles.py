@@ -11,9 +11,9 @@ import pytest
 from ggx.quants import dequantize, quantize
 from ggx.types import GType
 from ggx_cpu import isa
-from ggx_cpu.extension import quantize_act, token
+from ggx_cpu.extension import in_order, quantize_act, split, token
 from ggx_repack import tiles
-from ggx_repack.kernels import lane_rows, repack_mm, runs_in_repack_mm
+from ggx_repack.kernels import act_scratch, lane_rows, repack_mm, runs_in_repack_mm
 from ggx_repack.layouts import LAYOUTS, repack
 
 needs_vnni = pytest.mark.skipif("avx512_vnni" not in isa.available(),
@@ -74,13 +74,16 @@ def _both(name: str, K: int, M: int, cstart: list[int], ycol: np.ndarray, ocol: 
     nbk = K // lay.block_size
     if runs_in_repack_mm(lay):
         out_ref = np.zeros(len(ycol) * M, np.float32)
-        repack_mm(token("avx512_vnni"), lay, w, wg, lay.group_bytes, nbk, K, M, x, cs, ycol, ocol, lane_rows(lay),
-                  out_ref, 2)
+        split(repack_mm, token("avx512_vnni"), lay, w, wg, lay.group_bytes, nbk, K, M, x, cs, ycol, ocol,
+              lane_rows(lay), out_ref, *act_scratch(lay, n_rows, K), True, parts=2)()
     else:
         out_ref = _reference(lay, raw, x, K, M, E, cstart, ycol, ocol)
     plan, tstart, n_ya, n_sc = tiles.tile_plan(cs, name, K)
     out = np.full(len(ycol) * M, np.nan, np.float32)
-    tiles.tile_mm(lay, w, wg, lay.group_bytes, nbk, K, M, x, plan, tstart, n_ya, n_sc, ycol, ocol, out, 2)
+    scratch = tiles.tile_scratch(lay, n_ya, n_sc)  # quantized by a split of its own, as a batch's is
+    in_order(split(tiles.tile_quant, lay, x, ycol, plan, nbk, *scratch, parts=2),
+             split(tiles.tile_mm, lay, w, wg, lay.group_bytes, nbk, K, M, x, plan, tstart, ycol, ocol, out, *scratch,
+                   False, parts=2))()
     return out, out_ref
 
 

@@ -37,14 +37,14 @@ from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
 from ggx.errors import GGXShapeError
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .. import isa, pool
+from .. import isa
 from ..isa.codegen import elem_ptr
 from ..isa.fgemm import gemm, pack_transposed_8x8
 from ..isa.simd import (
@@ -70,7 +70,8 @@ from ..isa.vmath import (
     max_f32x8,
     round_half_f32x8,
 )
-from .common import Launch, elems, launch, need_ne, need_rows, need_srcs, need_type
+from ..launch import split
+from .common import Launch, elems, need_ne, need_rows, need_srcs, need_type
 from .convert import as_f32, f16_to_f32, f32_to_f16
 from .softmax import alibi_slopes
 
@@ -488,11 +489,12 @@ def _worker(fs, w, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, par
         task = _fetch_add(counter, 0)
 
 
-@njit(cache=True, parallel=True)
-def flash_attn_kernel(fs, n_workers, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, part,
-                      q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds):
-    """n_tasks tasks on n_workers threads taking them from one counter, then the merge of split
-    keys' partials.
+@njit(cache=True)
+def flash_attn(p, parts, fs, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, part,
+               q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds):
+    """FLASH_ATTN_EXT as a split kernel (`ggx_cpu.launch.split`): part -1 resets the task
+    counter, parts 0..parts-1 are its workers, each taking tasks from the counter in its own
+    share of the scratch, part `parts` merges split keys' partials.
 
     fs: ggml's float SIMD form (`ggx_cpu.isa.vmath.FloatSimd`: GEMM tile, expf); sf, si, sl:
     each worker's scratch (`scratch_floats` float32, `scratch_rows` int64, rp * 64 bool); geo = (D, Dv,
@@ -500,20 +502,6 @@ def flash_attn_kernel(fs, n_workers, sf, si, sl, counter, n_tasks, geo, params, 
     rk3); params = (scale, softcap); flags = (exact: ggml's one_chunk, Q rounded to F16, F16
     accumulator); part: (M, S, acc) per head and chunk when keys are split, else empty; then the
     tensors in the plugin's convention (mask: has_mask, m, mo, ms, mne)."""
-    counter[0] = 0
-    for w in prange(n_workers):
-        _worker(fs, w, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, part,
-                q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds)
-    if part.size:
-        _merge_partials(geo, part, d, do, ds)
-
-
-@njit(cache=True)
-def flash_attn_part(p, parts, fs, sf, si, sl, counter, n_tasks, geo, params, flags, slopes, part,
-                    q, qo, qs, k, ko, ks, v, vo, vs_, has_mask, m, mo, ms, mne, d, do, ds):
-    """`flash_attn_kernel` as a job of the worker threads (`ggx_cpu.pool`), for a decode token:
-    part -1 resets the task counter, parts 0..parts-1 are its workers (each taking tasks from the
-    counter in its own share of the scratch), part `parts` merges split keys' partials."""
     if p < 0:
         counter[0] = 0
     elif p < parts:
@@ -629,6 +617,4 @@ def flash_attn_ext(node: Tensor, n_threads: int) -> Launch:
     n_workers = max(1, min(n_threads, pl.n_tasks))
     scratch = (_lines(n_workers * scratch_floats(D, Dv, pl.rp), np.float32),
                _lines(n_workers * scratch_rows(pl.rp), np.int64), _lines(n_workers * pl.rp * KV_TILE, np.bool_))
-    if n_workers > 1 and T * B == 1 and pool.enabled():  # a decode token: its matmuls run on the workers too
-        return pool.parallel_launch(flash_attn_part, fs, *scratch, *args, parts=n_workers)
-    return launch(flash_attn_kernel, fs, n_workers, *scratch, *args, n_threads=n_workers)
+    return split(flash_attn, fs, *scratch, *args, parts=n_workers)

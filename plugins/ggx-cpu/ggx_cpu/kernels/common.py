@@ -16,22 +16,21 @@ not check bounds.
 """
 from __future__ import annotations
 
-import functools
 import weakref
-from typing import Any
 
 import numba
 import numpy as np
-from numba._dispatcher import compute_fingerprint
-from numba.np.ufunc import parallel as _numba_parallel
 
-from ggx import progress
 from ggx.backend import Buffer, Launch
 from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .. import isa
+from ..jobs import entry, typeof
+from ..launch import IndexCheck, bind_entry, in_order, launch, nothing
+
+__all__ = ["Launch", "in_order", "launch", "nothing", "elems", "host_bytes", "index_check", "rows_launch",
+           "need_type", "need_ne", "need_rows", "need_srcs", "ELEM_DTYPES"]
 
 #: numpy element type a kernel sees for each element type (F16/BF16 as raw bits).
 ELEM_DTYPES = {GType.F32: np.float32, GType.F16: np.uint16, GType.BF16: np.uint16,
@@ -159,48 +158,6 @@ def need_srcs(node: Tensor, n: int) -> None:
         raise GGXShapeError(f"{node.op.name}: {node.describe()} needs {n} sources, has {len(node.src)}")
 
 
-@numba.njit(cache=True)
-def check_indices(failed, arr, off, st, ne, bound):
-    """Set failed[0] to 1 if the index tensor (arr, off, st, ne in elements) holds a value
-    outside [0, bound)."""
-    for i3 in range(ne[3]):
-        for i2 in range(ne[2]):
-            for i1 in range(ne[1]):
-                for i0 in range(ne[0]):
-                    v = arr[off + i0 * st[0] + i1 * st[1] + i2 * st[2] + i3 * st[3]]
-                    if v < 0 or v >= bound:
-                        failed[0] = 1
-                        return
-
-
-class IndexCheck:
-    """The check that an I32/I64 index tensor holds only values in [0, bound): its data is known
-    only when the graph runs, so this runs before the kernel, every time. Called, it checks in
-    Python and raises GGXShapeError naming the value; `kernel` and `args` are the same check
-    compiled (`check_indices`, setting `failed[0]`), for a fused sequence of launches
-    (`ggx_cpu.launches`), which stops there and calls this to raise."""
-
-    def __init__(self, t: Tensor, role: str, op: str, bound: int, arr: np.ndarray, off: int, st: Int4, ne: Int4):
-        self.kernel = check_indices  # not a class attribute: a dispatcher there binds like a method
-        self.failed = np.zeros(1, np.int64)
-        self.args = (self.failed, arr, off, st, ne, bound)
-        self.what = f"{op}: {role} {t.describe()}"
-        self.bound = bound
-        self.view = np.lib.stride_tricks.as_strided(arr[off:], shape=ne[::-1],
-                                                    strides=tuple(s * arr.itemsize for s in st[::-1]))
-        self.one = int(off) if ne == (1, 1, 1, 1) else -1  # one token's row: read it directly
-        self.arr = arr
-
-    def __call__(self) -> None:
-        self.failed[0] = 0
-        if self.one >= 0:
-            lo = hi = int(self.arr[self.one])
-        else:
-            lo, hi = int(self.view.min()), int(self.view.max())
-        if lo < 0 or hi >= self.bound:
-            raise GGXShapeError(f"{self.what} holds index {lo if lo < 0 else hi}, outside 0..{self.bound - 1}")
-
-
 def index_check(t: Tensor, role: str, op: str, bound: int) -> Launch:
     """The launch checking that index tensor `t` holds only values in [0, bound) (`IndexCheck`)."""
     arr, off, st, ne = elems(t, role, op)
@@ -209,115 +166,16 @@ def index_check(t: Tensor, role: str, op: str, bound: int) -> Launch:
     return IndexCheck(t, role, op, bound, arr, off, st, ne)
 
 
-def launch(kernel, *args, n_threads: int = 1) -> Launch:
-    """kernel(*args) as a `Launch`, bound to the compiled entry point for these arguments' types.
-
-    Typing happens here, once: the entry point skips numba's per-call dispatch (~0.1 us an
-    argument, several us for the ISA token), which is most of a one-token op's cost. A parallel
-    kernel sets numba's thread count to n_threads first (~0.3 us).
-    """
-    return _bound(kernel, _entry(kernel, tuple(map(_typeof, args))), args, n_threads)
-
-
-def _entry(kernel, sig: tuple):
-    """The compiled entry point of `kernel` for the argument types `sig` (loaded or compiled once)."""
-    key = (id(kernel), *map(id, sig))
-    known = _ENTRIES.get(key)
-    if known is not None:
-        return known[2]
-    cres = kernel.overloads.get(sig)
-    if cres is not None:
-        entry = cres.entry_point
-    else:  # compiled now, or loaded from numba's disk cache: one-off time the CLI shows and leaves out
-        with progress.compiling(f"CPU kernels for {isa.active()}"):
-            entry = kernel.compile(sig)
-    _ENTRIES[key] = (kernel, sig, entry)
-    return entry
-
-
-class KernelLaunch(functools.partial):
-    """A one-thread kernel's launch: `entry(*args)`, a C-level call, with `kernel` kept so that a
-    graph computed again and again can run as one compiled call (`ggx_cpu.launches`)."""
-
-    kernel: Any
-
-
-def _bound(kernel, entry, args: tuple, n_threads: int) -> Launch:
-    if kernel.targetoptions.get("parallel"):
-        n = max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
-        _numba_parallel._launch_threads()  # once per process: starts the pool, defines _set_num_threads
-        return functools.partial(_threaded, n, entry, args)
-    bound = KernelLaunch(entry, *args)
-    bound.kernel = kernel
-    return bound
-
-
-_TYPES_BY_FINGERPRINT: dict[bytes, object] = {}
-#: (kernel id, ids of the argument types) -> (kernel, types, entry point). numba's types are
-#: interned, so their ids name them; hashing the types themselves (as `overloads` does) costs
-#: ~1.5 us a launch, a fifth of binding a new graph. The value holds the kernel and the types,
-#: so no id is reused while its key is here.
-_ENTRIES: dict[tuple, tuple] = {}
-
-
-def _typeof(value):
-    """numba's type of a kernel argument, remembered by numba's own C fingerprint of the value
-    (~0.1 us against ~6.6 us for numba.typeof: a new graph binds some 7000 arguments). Values
-    without a fingerprint (tokens) and unaligned arrays (numba types those apart) ask numba."""
-    if isinstance(value, np.ndarray) and not value.flags.aligned:
-        return numba.typeof(value)
-    try:
-        fp = compute_fingerprint(value)
-    except (NotImplementedError, TypeError, ValueError):
-        return numba.typeof(value)
-    t = _TYPES_BY_FINGERPRINT.get(fp)
-    if t is None:
-        t = _TYPES_BY_FINGERPRINT[fp] = numba.typeof(value)
-    return t
-
-
-def runs_a_region(f: Launch) -> bool:
-    """Whether a launch made here runs a numba parallel region."""
-    return isinstance(f, functools.partial) and f.func is _threaded
-
-
-def _threaded(n: int, entry, args: tuple) -> None:
-    _numba_parallel._set_num_threads(n)
-    entry(*args)
-
-
-class InOrder:
-    """One launch running `launches` one after the other (a check, then its kernel)."""
-
-    __slots__ = ("launches",)
-
-    def __init__(self, launches: tuple[Launch, ...]):
-        self.launches = launches
-
-    def __call__(self) -> None:
-        for f in self.launches:
-            f()
-
-
-def in_order(*launches: Launch) -> Launch:
-    """One launch running `launches` one after the other."""
-    return InOrder(launches)
-
-
 def rows_launch(serial, parallel, n_threads: int, ne: Int4, *args) -> Launch:
     """A row kernel over the ne1*ne2*ne3 rows of `ne`: `serial(0, n_rows, *args)` on one thread
     (no parallel region to start: ~0.3 us against 3-9 us), else `parallel(n_chunks, n_rows, *args)`,
     which hands each of n_threads threads one contiguous chunk of rows to `serial`."""
     n_rows = ne[1] * ne[2] * ne[3]
     args = (0, n_rows, *args)
-    sig = tuple(map(_typeof, args))  # the same types for both: the first argument is an int either way
+    sig = tuple(map(typeof, args))  # the same types for both: the first argument is an int either way
     # the parallel twin a longer batch takes is loaded along with the serial kernel (at load time,
     # by the model's warm-up), not by the first prompt that needs it (~6-13 ms a kernel)
-    twin = _entry(parallel, sig) if numba.config.NUMBA_NUM_THREADS > 1 else None
+    twin = entry(parallel, sig) if numba.config.NUMBA_NUM_THREADS > 1 else None
     if n_threads <= 1 or n_rows <= 1:
-        return _bound(serial, _entry(serial, sig), args, 1)
-    return _bound(parallel, twin or _entry(parallel, sig), (min(n_threads, n_rows),) + args[1:], n_threads)
-
-
-def nothing() -> None:
-    """The launch of a node with no work (zero elements)."""
+        return bind_entry(serial, entry(serial, sig), args, 1)
+    return bind_entry(parallel, twin or entry(parallel, sig), (min(n_threads, n_rows),) + args[1:], n_threads)

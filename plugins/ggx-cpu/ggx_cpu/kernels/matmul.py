@@ -6,7 +6,8 @@ integers in the ISA variant `ggx_cpu.isa` selected (AVX-512 VNNI, AVX2 or portab
 weights (F32, F16, BF16): activations are rounded once to the weight's type (ggml's F16/BF16
 vec_dot_type) and dotted in float32 (`matmul_float.float_mm`, which picks its own row blocks).
 
-Both ops run through one parallel region (numba prange) over tasks = (group, 4-row tile):
+Both ops run as one split kernel (`ggx_cpu.launch.split`: the worker pool's jobs for a decode
+token, else one parallel region) over tasks = (group, 4-row tile):
 a *group* is one weight matrix and the list of activation columns it multiplies. MUL_MAT has
 one group per (i2, i3) batch (weights broadcast over b's dims 2/3); MUL_MAT_ID has one group
 per expert that some token uses, so repeated experts share a pass over their weights and
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 from numba.extending import overload
 
 from ggx.errors import GGXShapeError, GGXUnsupported
@@ -43,6 +44,7 @@ from ggx.types import GType
 from .. import isa as _isa
 from ..isa import portable, vector, vector_avx512, vector_kquants
 from ..isa.tokens import TokenType, register_token
+from ..launch import split
 from .common import Launch, host_bytes, in_order, launch, nothing
 from .matmul_float import float_mm
 from .quantize_act import act_launch
@@ -157,12 +159,16 @@ def _ol_qrows4(isa, kind, w, wo, wrs, nb, yq, yd, ys, ys4, yo, out, oo):
     return rows
 
 
-@njit(cache=True, parallel=True)
-def _quant_mm(isa, kind, w, wg, wrs, M, nb, yq, yd, ys, ys4, K, cstart, ycol, ocol, out):
-    """The quantized MUL_MAT / MUL_MAT_ID kernel: one parallel region over (group, 4 rows)."""
+@njit(cache=True)
+def quant_mm(part, parts, isa, kind, w, wg, wrs, M, nb, yq, yd, ys, ys4, K, cstart, ycol, ocol, out):
+    """The quantized MUL_MAT / MUL_MAT_ID kernel as a split kernel (`ggx_cpu.launch.split`): part
+    p runs a contiguous share of the (group, 4 rows) tasks; no prologue or epilogue."""
+    if part < 0 or part >= parts:
+        return
     n_groups = wg.shape[0]
     n_tiles = (M + TILE - 1) // TILE
-    for t in prange(n_groups * n_tiles):
+    n = n_groups * n_tiles
+    for t in range(part * n // parts, (part + 1) * n // parts):
         g = t // n_tiles
         r0 = (t % n_tiles) * TILE
         nr = min(TILE, M - r0)
@@ -251,9 +257,9 @@ def _mm_launch(a: Tensor, w, wg: np.ndarray, wrs: int, x: np.ndarray, cstart, yc
     wg, cstart, ycol, ocol = (np.ascontiguousarray(v, dtype=np.int64) for v in (wg, cstart, ycol, ocol))
     if a.type in QUANT_KINDS:
         act, quantize = act_launch(x, a.type.vec_dot_type, n_threads)
-        return in_order(quantize, launch(_quant_mm, _isa.token(), QUANT_KINDS[a.type], w, wg, wrs, M,
-                                         K // a.type.block_size, act.qs, act.d, act.s, act.s4, K, cstart, ycol,
-                                         ocol, out, n_threads=n_threads))
+        return in_order(quantize, split(quant_mm, _isa.token(), QUANT_KINDS[a.type], w, wg, wrs, M,
+                                        K // a.type.block_size, act.qs, act.d, act.s, act.s4, K, cstart, ycol,
+                                        ocol, out, parts=max(1, n_threads)))
     if a.type is GType.F32:
         return launch(float_mm, w, wg, wrs, M, x.reshape(-1), K, cstart, ycol, ocol, out, n_threads=n_threads)
     y = np.empty(x.size, np.float32)
