@@ -178,6 +178,9 @@ def print_summary(model, err, compile_prefill: float = 0.0, compile_decode: floa
         parts = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in phases.items() if k != "kernels")
         err.write(f"load split:      {parts}; kernels {phases.get('kernels', 0.0) * 1000:.0f} ms of those, "
                   "loading or compiling\n")
+    if model.tokenizer.build_s:
+        err.write(f"tokenizer:       {model.tokenizer.build_s * 1000:8.1f} ms building its tables at the first "
+                  "prompt (after the load)\n")
     resident, peak = process_memory()
     mapped = f"; {_bytes(model.mapped_nbytes)} of weights mapped from the file" if model.mapped_nbytes else ""
     err.write(f"memory:          {_bytes(resident)} resident, {_bytes(peak)} at the peak{mapped}\n")

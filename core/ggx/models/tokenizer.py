@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -146,6 +147,8 @@ class Tokenizer:
         self._hidden |= forced_control
         self.special_ids = self._hidden | set(np.flatnonzero(kinds == TOKEN_TYPE_USER_DEFINED).tolist())
         self._hf = None  # the `tokenizers.Tokenizer`, built by `_tok`
+        #: seconds the first tokenize spent building an SPM vocabulary's tables (0 until then)
+        self.build_s = 0.0
         self._build_lock = threading.Lock()
         if model == "llama":
             self._check_spm(scores)  # the file's mistakes are found here; the build waits for a first use
@@ -161,7 +164,9 @@ class Tokenizer:
         if tok is None:
             with self._build_lock:
                 if self._hf is None:
+                    t0 = time.perf_counter()
                     self._hf = self._with_specials(self._build_spm())
+                    self.build_s = time.perf_counter() - t0
                     self._score = None
                     trim_heap()  # the merges' garbage, given back
                 tok = self._hf
