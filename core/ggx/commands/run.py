@@ -8,7 +8,8 @@ parsed either way), or with `-i` holds a conversation as `ggx chat` does; checks
 fits the context,
 streams the prompt and the generated text to stdout once the
 prompt is evaluated, then prints a summary to stderr: load time and where it went (reading the file and tokenizer,
-devices, weights, preparing graphs; the part of those spent loading kernels), the resident memory
+devices, weights, preparing graphs; the part of those spent loading kernels; an SPM
+vocabulary's tokenizer tables, built with the first prompt), the resident memory
 now and at its peak (and the weights mapped from the file, which count only once read), prompt (prefill) and generation
 (decode) tokens/s, why generation stopped, the time spent compiling kernels (left out of the
 speeds), the devices, the layer split when more than one device holds layers, which buffer
