@@ -30,11 +30,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run_tune(budget: float, types: list[str], threads: int | None, out=sys.stderr) -> None:
-    """Tune with a progress line on `out` (a terminal: one line rewritten; else a line per type),
-    save the profile and print the choices."""
+def run_tune(budget: float, types: list[str], threads: int | None, out=None) -> None:
+    """Tune with a progress line on `out` (default stderr; a terminal: one line rewritten; else a
+    line per type), save the profile and print the choices."""
     from .. import tune
 
+    out = out or sys.stderr
     tty = out.isatty()
     last = [""]
 
