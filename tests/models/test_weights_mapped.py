@@ -68,6 +68,20 @@ def test_a_file_modified_in_place_is_refused(tiny_copy):
         list(m.generate(PROMPT, 2))
 
 
+def test_every_compute_of_the_model_checks_the_file(tiny_copy):
+    """The check sits in the model's runner: a Batcher stepping the model's graphs is refused too."""
+    from ggx.models.batched import Batcher
+
+    m = load_model(tiny_copy, n_ctx=64, warmup=False)
+    batcher = Batcher(m, n_seq=2)
+    batcher.add(PROMPT, 3)
+    batcher.step()
+    st = os.stat(tiny_copy)
+    os.utime(tiny_copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(GGXStateError, match="changed since it was loaded"):
+        batcher.step()
+
+
 def test_a_file_replaced_by_rename_keeps_the_model_working(tiny_copy, tmp_path):
     """The model holds the file it opened: a new file renamed over its path changes nothing."""
     m = load_model(tiny_copy, n_ctx=64, warmup=False)

@@ -161,10 +161,12 @@ class Model:
                               candidates=self.runner.weight_bufts, use_mmap=use_mmap,
                               chooser=tune.chooser(self.runner.host, tune_profile, buft_overrides))
         self.weights, self.weight_buffers = loaded.tensors, loaded.buffers
-        #: bytes of weights that are views of the file (`use_mmap`): every evaluation first checks
-        #: that the file is unchanged (GGUFFile.check_unchanged), as reading a truncated map kills
-        #: the process
+        #: bytes of weights that are views of the file (`use_mmap`): every graph the runner computes
+        #: first checks that the file is unchanged (GGUFFile.check_unchanged), as reading a
+        #: truncated map kills the process
         self.mapped_nbytes = loaded.mapped_nbytes
+        if self.mapped_nbytes:
+            self.runner.checks.append(self.file.check_unchanged)
         self.placement: PlacementReport = loaded.placement
         self.n_ctx = min(n_ctx or DEFAULT_N_CTX, self.hp.n_ctx_train)
         self.n_batch = n_batch
@@ -306,8 +308,6 @@ class Model:
         return ids
 
     def _eval(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
-        if self.mapped_nbytes:
-            self.file.check_unchanged()
         outs = []
         for start in range(0, ids.size, self.n_batch):
             batch = ids[start: start + self.n_batch]

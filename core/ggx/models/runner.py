@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -94,6 +94,9 @@ class Runner:
         self.last_splits = 1
         self._last_graph: Graph | None = None
         self.timings: dict[str, float] = defaultdict(float)  # seconds, accumulated (`ggx bench --profile`)
+        #: called before every graph is computed; one that raises refuses the compute (a model whose
+        #: weights are mapped checks that its file is unchanged: reading a truncated map kills the process)
+        self.checks: list[Callable[[], None]] = []
 
     def layer_bufts(self, device: Device) -> list[BufferType]:
         """Buffer types for the weights of a layer on `device`, best first: its own, then the
@@ -130,6 +133,8 @@ class Runner:
         the very graph it ran last comes back: its tensors are still placed where the reused plan
         puts them, and graph_compute places it again anyway.
         """
+        for check in self.checks:
+            check()
         tm = self.timings
         t1 = time.perf_counter()
         if graph is not self._last_graph:
