@@ -211,3 +211,20 @@ def test_qwen3moe_expert_width_defaults_as_llama_cpp(tmp_path):
     path = write_tiny_qwen(tmp_path / "moe.gguf", "qwen3moe", **CONFIGS["qwen3moe"],
                            metadata={"expert_feed_forward_length": None, "feed_forward_length": 128})
     assert read_hparams(GGUFFile(path))[1].n_ff == 64
+
+
+def test_qwen2_pre_tokenizer_splits_digits_one_by_one(smollm2_path):
+    """Qwen 2 / 2.5 / 3 files name pre-tokenizer "qwen2": llama 3's split with single digits."""
+    from ggx.models.tokenizer import Tokenizer
+
+    f = GGUFFile(smollm2_path)
+    vocab, merges = f.get("tokenizer.ggml.tokens", list), f.get("tokenizer.ggml.merges", list)
+    text = "I'm 12345 cats\n\n  don't!"
+
+    def pieces(pre):
+        hf = Tokenizer(vocab, merges, pre=pre)._hf
+        return [p for p, _ in hf.pre_tokenizer.pre_tokenize_str(text)]
+
+    qwen, llama3 = pieces("qwen2"), pieces("llama3")
+    assert qwen[:7] == ["I", "'m", "Ġ", "1", "2", "3", "4"] and llama3[:4] == ["I", "'m", "Ġ", "123"]
+    assert [p for p in qwen if not p.isdigit()] == [p for p in llama3 if not p.isdigit()]

@@ -56,6 +56,9 @@ SUPPORTED_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece (SPM)"}
 _GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen 2 / 2.5 / 3 (pre "qwen2"): llama 3's split with single digits
+_QWEN2_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _PRE_SPLITS: dict[str, list[str]] = {
     "default": [],
     "gpt-2": [],
@@ -64,6 +67,7 @@ _PRE_SPLITS: dict[str, list[str]] = {
     "refact": [r"\p{N}"],
     "llama-bpe": [_LLAMA3_REGEX],
     "llama3": [_LLAMA3_REGEX],
+    "qwen2": [_QWEN2_REGEX],
 }
 
 # The token texts llama.cpp's load_vocab recognises when the file names no id for that role;
@@ -200,7 +204,7 @@ class Tokenizer:
             raise GGXFormatError(f"the vocabulary and merges do not form a BPE tokenizer: {e}") from None
         tok = HFTokenizer(bpe)
         splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in _PRE_SPLITS[pre]]
-        use_gpt2_regex = pre not in ("llama-bpe", "llama3")
+        use_gpt2_regex = pre not in ("llama-bpe", "llama3", "qwen2")
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_gpt2_regex)])
         tok.decoder = decoders.ByteLevel()
