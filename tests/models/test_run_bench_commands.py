@@ -49,6 +49,8 @@ def test_run_streams_text_and_summary(tiny_llama, capsys):
 def test_run_says_how_much_of_the_weights_is_mapped(tiny_llama, capsys):
     assert main(["run", str(tiny_llama), "-p", "the cat", "-n", "2"]) == 0
     assert "of weights mapped from the file" in _summary(capsys.readouterr().err)["memory"]
+    assert main(["run", str(tiny_llama), "-p", "the cat", "-n", "2", "--no-mmap"]) == 0
+    assert "mapped" not in _summary(capsys.readouterr().err)["memory"]
 
 
 def test_run_sampling_is_seeded(tiny_llama, capsys):

@@ -52,6 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_tensor_split(p)
     add_override_tensor(p)
     p.add_argument("--no-flash-attn", action="store_true", help="use mul_mat + soft_max attention")
+    p.add_argument("--no-mmap", action="store_true",
+                   help="copy every weight instead of mapping the plain-memory ones from the file (for a file "
+                        "that may change while the model runs)")
     p.add_argument("--profile", action="store_true", help="also break a decode step's time down")
     p.add_argument("-o", "--output", choices=("md", "json"), default="md",
                    help="md: llama-bench's markdown table (default); json: one JSON list, llama-bench's field names")
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise GGXValueError("bench: nothing to run (every -p and -n is 0)")
     longest = max(n for _, n in tests) if tests else 1
     model = load_model(chosen_model(args), args.device, None, n_ctx=max(longest + 1, 256),
-                       flash_attn=not args.no_flash_attn,
+                       flash_attn=not args.no_flash_attn, use_mmap=not args.no_mmap,
                        tensor_split=args.tensor_split, buft_overrides=args.override_tensor)
     model.eval([0])  # one token: what "start" measures
     model.reset()

@@ -56,6 +56,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-c", "--ctx-size", type=int_at_least(1), default=None,
                    help="context length in tokens (default 4096, at most the model's training context)")
     p.add_argument("--no-flash-attn", action="store_true", help="use mul_mat + soft_max attention")
+    p.add_argument("--no-mmap", action="store_true",
+                   help="copy every weight instead of mapping the plain-memory ones from the file (for a file "
+                        "that may change while the model runs)")
     p.set_defaults(func=run)
 
 
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     compile_start = progress.compile_seconds()
     model = load_model(chosen_model(args), args.device, args.threads, n_ctx=args.ctx_size,
-                       flash_attn=not args.no_flash_attn, progress=sys.stderr.isatty(),
+                       flash_attn=not args.no_flash_attn, use_mmap=not args.no_mmap, progress=sys.stderr.isatty(),
                        tensor_split=args.tensor_split, buft_overrides=args.override_tensor)
     compile_load = progress.compile_seconds() - compile_start  # the load's warm-up
     if args.interactive:
