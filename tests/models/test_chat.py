@@ -180,3 +180,15 @@ def test_ggx_run_system_implies_chat(tiny_chat, capsys):
     text = m.chat_template.render([{"role": "system", "content": "be brief"}, {"role": "user", "content": "the cat"}])
     assert text.startswith("system: be brief</s>user: the cat</s>assistant:")
     assert n_prompt == len(m.tokenize(text)) > len(m.tokenize("the cat"))
+
+
+def test_ggx_run_interactive_is_ggx_chat(tiny_chat, monkeypatch, capsys):
+    import io
+
+    from ggx.cli import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("the cat\nthe mat\n"))
+    assert main(["run", str(tiny_chat), "--device", "ref", "-i", "-n", "3"]) == 0
+    out = capsys.readouterr()
+    assert "2 turns;" in out.err and "[turn 2: " in out.err
+    assert out.out.count("\n") == 2  # one answer line per turn
