@@ -38,7 +38,10 @@ def tiny(tiny_llama):
     return load_model(tiny_llama, devices=["ref"], n_ctx=512)
 
 
-def test_sequences_are_batch_invariant_and_match_one_sequence_runs(tiny):
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_sequences_are_batch_invariant_and_match_one_sequence_runs(tiny, tiny_llama, flash_attn):
+    if not flash_attn:  # the mul_mat + soft_max attention path, per sequence as well
+        tiny = load_model(tiny_llama, devices=["ref"], n_ctx=512, flash_attn=False)
     prompts = _prompts(tiny.n_vocab, (5, 23, 9))
     b = Batcher(tiny, n_seq=3, n_ctx=3 * 256, n_chunk=8, decode_rows=3)
     together = serve(b, prompts, 6)
