@@ -230,7 +230,8 @@ def _timer(device: Device, backend, buft: BufferType, gtype: GType, raw: np.ndar
     out = ctx.mul_mat(w, x)
     if not supports_weight_op(buft, w, out):
         return f"{buft.name} refuses MUL_MAT over {w.describe()}"
-    keep = [alloc_tensors(buft, [w], BufferUsage.WEIGHTS), alloc_tensors(device.buffer_type(), [x, out])]
+    alloc_tensors(buft, [w], BufferUsage.WEIGHTS)  # the graph's tensors keep their buffers
+    alloc_tensors(device.buffer_type(), [x, out])
     w.buffer.set_tensor(w, raw, 0)
     tensor_array(x)[...] = np.random.default_rng(1).standard_normal((n, K)).astype(np.float32)
     graph = build_graph(out)
@@ -238,7 +239,6 @@ def _timer(device: Device, backend, buft: BufferType, gtype: GType, raw: np.ndar
     def run() -> None:
         backend.graph_compute(graph)
         backend.synchronize()
-    run.keep = keep  # type: ignore[attr-defined]  # the buffers live as long as the call
     return run
 
 
