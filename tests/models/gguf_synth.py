@@ -156,7 +156,7 @@ def write_tiny_qwen(path: Path, arch: str, *, n_layer: int = 2, n_embd: int = 64
                     head_dim: int | None = None, n_ff: int = 64, n_expert: int = 4, n_expert_used: int = 2,
                     wtype: str = "Q8_0", seed: int = 3, drop: tuple[str, ...] = (),
                     replace: dict[str, tuple[tuple[int, ...], str]] | None = None,
-                    metadata: dict[str, int] | None = None) -> Path:
+                    metadata: dict[str, int | float | str | None] | None = None) -> Path:
     """A random-weight qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms, head size `head_dim`) or
     qwen3moe (qwen3 attention, `n_expert` experts of `n_ff`) GGUF with RoPE base 1e6. For
     validation tests: `drop` leaves tensors out, `replace` gives tensors another ne and type,
@@ -168,7 +168,11 @@ def write_tiny_qwen(path: Path, arch: str, *, n_layer: int = 2, n_embd: int = 64
             f"{arch}.expert_feed_forward_length": n_ff} if moe else {}
     keys.update({f"{arch}.{k}": v for k, v in (metadata or {}).items()})
     for k, v in keys.items():
-        if v is not None:
+        if isinstance(v, str):
+            wr.w.add_string(k, v)
+        elif isinstance(v, float):
+            wr.w.add_float32(k, v)
+        elif v is not None:
             wr.w.add_uint32(k, v)
     d = head_dim or n_embd // n_head
     e, q, kv = n_embd, d * n_head, d * n_head_kv

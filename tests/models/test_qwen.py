@@ -206,6 +206,19 @@ def test_wrong_metadata_is_named(tmp_path, arch, metadata, what):
     _refused(tmp_path, arch, what, metadata=metadata)
 
 
+@pytest.mark.parametrize("keys, what", [
+    ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0},
+     r"qwen2.rope.scaling.type = 'yarn' with qwen2.rope.scaling.factor = 4: RoPE context scaling is not supported"),
+    ({"rope.scale_linear": 2.0}, "qwen2.rope.scale_linear = 2: RoPE context scaling"),
+])
+def test_rope_context_scaling_is_refused_by_name(tmp_path, keys, what):
+    _refused(tmp_path, "qwen2", what, metadata=keys)
+    # no scaling (type none, or a factor of 1) loads
+    path = write_tiny_qwen(tmp_path / "plain.gguf", "qwen2",
+                           metadata={"rope.scaling.type": "linear", "rope.scaling.factor": 1.0})
+    assert read_hparams(GGUFFile(path))[0].name == "qwen2"
+
+
 def test_qwen3moe_expert_width_defaults_as_llama_cpp(tmp_path):
     """Without expert_feed_forward_length the experts are feed_forward_length / expert_used_count wide."""
     path = write_tiny_qwen(tmp_path / "moe.gguf", "qwen3moe", **CONFIGS["qwen3moe"],

@@ -111,6 +111,7 @@ class MetadataReader:
         n_vocab = u("vocab_size", len(tokens) if tokens is not None else embd.ne[1], least=1)
         if tokens is not None and len(tokens) != n_vocab:
             raise GGXFormatError(f"{f.path}: {len(tokens)} tokens in the vocabulary, vocab_size says {n_vocab}")
+        self.check_no_rope_scaling()
         n_rot = u("rope.dimension_count", head_dim, least=1)
         if n_rot % 2 or n_rot > head_dim:
             raise GGXFormatError(f"{f.path}: {arch}.rope.dimension_count {n_rot} must be even and at most "
@@ -125,6 +126,20 @@ class MetadataReader:
             rms_eps=self.real("attention.layer_norm_rms_epsilon", 1e-5,
                               "the norm epsilon must be a finite number >= 0", lambda v: math.isfinite(v) and v >= 0),
             n_ctx_train=u("context_length", 2048, least=1), tied_output="output.weight" not in f.tensors)
+
+
+    def check_no_rope_scaling(self) -> None:
+        """RoPE context scaling (`rope.scaling.type` linear / yarn / longrope with a factor other than
+        1, or `rope.scale_linear`) is refused by name: ggx does not apply it yet, and running
+        without it computes other angles than the model was made for."""
+        f, arch = self.f, self.arch
+        kind = f.get(f"{arch}.rope.scaling.type", str, "none")
+        factor = float(f.get(f"{arch}.rope.scaling.factor", float, 0.0))
+        linear = float(f.get(f"{arch}.rope.scale_linear", float, 1.0))
+        if (kind != "none" and factor not in (0.0, 1.0)) or linear not in (0.0, 1.0):
+            what = f"{arch}.rope.scale_linear = {linear:g}" if linear not in (0.0, 1.0) else \
+                f"{arch}.rope.scaling.type = {kind!r} with {arch}.rope.scaling.factor = {factor:g}"
+            raise GGXFormatError(f"{f.path}: {what}: RoPE context scaling is not supported yet")
 
 
 def common_tensors(hp: HParams) -> dict[str, tuple[int, ...]]:
