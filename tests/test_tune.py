@@ -99,6 +99,12 @@ def test_which_profile_a_load_uses_and_why(cache, host, monkeypatch):
     fresh.save(other)
     monkeypatch.setenv(tune.PROFILE_ENV, str(other))
     assert tune.profile_for(host)[0] == fresh
+    other.write_text("{broken")  # the machine's own file unreadable: the priority order, saying why
+    p, why = tune.profile_for(host)
+    assert p is None and why.startswith("priority order (cannot read tune profile")
+    with pytest.raises(GGXValueError, match="cannot read tune profile"):  # a file the caller named
+        tune.profile_for(host, other)
+    fresh.save(other)
     chooser = tune.chooser(host, None, {"ffn": "CPU"})
     assert chooser.costs == fresh and [(p.pattern, n) for p, n in chooser.overrides] == [("ffn", "CPU")]
 
@@ -152,3 +158,13 @@ def test_the_command_saves_and_shows_a_profile(cache, capsys):
     assert main(["tune", "--show"]) == 0
     assert "not timed: Q4_0: out of time" in capsys.readouterr().out
     assert main(["tune", "--types", "q9_9"]) == 2 and "unknown weight type 'q9_9'" in capsys.readouterr().err
+
+
+def test_devices_says_what_placement_goes_by(cache, host):
+    from ggx.commands.devices import collect
+
+    assert collect()["weight_placement"] == "priority order (no tune profile for this machine: run `ggx tune`)"
+    made_up(tune.machine(host)).save()
+    assert collect()["weight_placement"] == "tune profile of 2026-01-02 03:04 UTC, 2 threads"
+    (cache / "tune" / "profile.json").write_text("{broken")
+    assert collect()["weight_placement"].startswith("priority order (cannot read tune profile")

@@ -176,7 +176,9 @@ def profile_for(host: Device, given: Profile | str | Path | bool | None = None) 
     """The profile a model load on `host` orders its weights by, or (None, why the priority order
     stands). `given`: a Profile (used as it is), a profile file, False (none), or None: the file
     $GGX_TUNE_PROFILE names ("off": none), else this machine's in the cache folder. A profile
-    read from a file must describe this machine (`Profile.stale`)."""
+    read from a file must describe this machine (`Profile.stale`); an unreadable one is an error
+    when the caller named it, else the priority order with the reason (a load never fails for the
+    cache's sake)."""
     if given is False:
         return None, "priority order (measured choice turned off)"
     if isinstance(given, Profile):
@@ -190,7 +192,12 @@ def profile_for(host: Device, given: Profile | str | Path | bool | None = None) 
         path = Path(given)
     if not path.exists():
         return None, "priority order (no tune profile for this machine: run `ggx tune`)"
-    profile = Profile.load(path)
+    try:
+        profile = Profile.load(path)
+    except GGXValueError as e:
+        if isinstance(given, str | Path):  # a file the caller named: their mistake to hear about
+            raise
+        return None, f"priority order ({e})"
     why = profile.stale(machine(host))
     if why is not None:
         return None, f"priority order (the tune profile is stale: {why}; run `ggx tune`)"

@@ -11,7 +11,8 @@
                    "extra_buffer_types": [{"name", ...}],
                    "features": {"name": "value"} | null,
                    "errors": ["what failed while describing the device"]}],
-     "failures": [{"name", "distribution", "version", "reason", "traceback"}]}
+     "failures": [{"name", "distribution", "version", "reason", "traceback"}],
+     "weight_placement": "what a model load orders the host's weights by (`ggx tune`)"}
 """
 from __future__ import annotations
 
@@ -108,7 +109,21 @@ def collect() -> dict[str, Any]:
         "devices": devs,
         "failures": [{"name": f.name, "distribution": f.distribution, "version": f.version, "reason": f.reason,
                       "traceback": f.traceback} for f in registry.failures()],
+        "weight_placement": _weight_placement(),
     }
+
+
+def _weight_placement() -> str:
+    """The basis of weight placement on the host device: a measured profile, or the priority order
+    and why (no profile, a stale one, turned off)."""
+    from .. import tune
+    from ..errors import GGXError
+    from ..placement import host_device
+
+    try:
+        return tune.profile_for(host_device())[1]
+    except GGXError as e:  # no host device
+        return f"priority order ({e})"
 
 
 def _gib(memory: dict[str, int] | None) -> str:
@@ -161,6 +176,7 @@ def render(report: dict[str, Any], verbose: bool, console: Any = None) -> None:
             rows.add_row("[red]error[/]", f"[red]{esc(error)}[/]")
         console.print(Padding(rows, (0, 0, 0, 3), expand=False))
 
+    console.print(f"weight placement: {esc(report['weight_placement'])}")
     if report["failures"]:
         t = Table(title="Failed plugins", title_justify="left")
         for col in ("name", "distribution", "version", "reason"):
