@@ -299,8 +299,12 @@ class Context:
     def rope(self, a: Tensor, pos: Tensor, n_dims: int, mode: P.RopeMode | int = P.RopeMode.NORMAL,
              freq_base: float = 10000.0, freq_scale: float = 1.0, n_ctx_orig: int = 0,
              ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0,
-             beta_slow: float = 1.0) -> Tensor:
-        """Rotary embedding over a [head_dim, n_head, n_tokens, 1] with pos I32 [n_tokens]."""
+             beta_slow: float = 1.0, freq_factors: Tensor | None = None) -> Tensor:
+        """Rotary embedding over a [head_dim, n_head, n_tokens, 1] with pos I32 [n_tokens].
+
+        `freq_factors` (ggml_rope_ext's c, the op's third source): F32, contiguous, at least
+        n_dims/2 values; the angle of pair i is divided by freq_factors[i] before YaRN mixes it
+        (Llama 3.1+'s rope_freqs.weight). None: every factor is 1."""
         _need_tensor("rope", "a", a), _need_tensor("rope", "pos", pos)
         _need_type("rope", "a", a, (GType.F32,))
         _need_type("rope", "pos", pos, (GType.I32,))
@@ -310,10 +314,20 @@ class Context:
             raise _fail("rope", f"n_dims={n_dims} must be even, positive and at most ne0={a.ne[0]}")
         if not a.has_contiguous_rows():
             raise _fail("rope", f"{a.describe()} rows must be contiguous")
+        srcs: tuple[Tensor, ...] = (a, pos)
+        if freq_factors is not None:
+            _need_tensor("rope", "freq_factors", freq_factors)
+            _need_type("rope", "freq_factors", freq_factors, (GType.F32,))
+            if not freq_factors.is_contiguous():
+                raise _fail("rope", f"freq_factors {freq_factors.describe()} must be contiguous")
+            if freq_factors.ne[0] < n_dims // 2:
+                raise _fail("rope", f"freq_factors {freq_factors.describe()} must hold at least "
+                                    f"n_dims/2={n_dims // 2} factors in ne0")
+            srcs += (freq_factors,)
         params = P.RopeParams(int(n_dims), P.RopeMode(int(mode)), int(n_ctx_orig), float(freq_base),
                               float(freq_scale), float(ext_factor), float(attn_factor),
                               float(beta_fast), float(beta_slow))
-        return self._new(GType.F32, a.ne, Op.ROPE, params, (a, pos), a.ndim)
+        return self._new(GType.F32, a.ne, Op.ROPE, params, srcs, a.ndim)
 
     def soft_max(self, a: Tensor, mask: Tensor | None = None, scale: float = 1.0, max_bias: float = 0.0) -> Tensor:
         """softmax over ne0 of a*scale + slope*mask; mask [ne0, >=ne1] broadcast over dims 2/3."""

@@ -364,8 +364,9 @@ def test_mul_mat_id_bad_expert_raises(run_on_ref):
 # --- positions and attention -------------------------------------------------------------------
 
 
-def rope_loop(x, pos, n_dims, mode, base, fscale, n_ctx_orig=0, ext=0.0, attn=1.0, bfast=32.0, bslow=1.0):
-    """ggml-cpu's rope, element by element (ggml_rope_cache_init + rope_yarn + rotate), in float64."""
+def rope_loop(x, pos, n_dims, mode, base, fscale, n_ctx_orig=0, ext=0.0, attn=1.0, bfast=32.0, bslow=1.0, ff=None):
+    """ggml-cpu's rope, element by element (ggml_rope_cache_init + rope_yarn + rotate), in float64;
+    ff: the frequency factors, pair i's angle divided by ff[i]."""
     def corr_dim(n_rot):
         return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
 
@@ -375,7 +376,7 @@ def rope_loop(x, pos, n_dims, mode, base, fscale, n_ctx_orig=0, ext=0.0, attn=1.
     out = x.astype(np.float64).copy()
     for i3, i2, i1 in np.ndindex(*x.shape[:3]):
         for i0 in range(0, n_dims, 2):
-            theta_extrap = pos[i2] * base ** (-i0 / n_dims)
+            theta_extrap = pos[i2] * base ** (-i0 / n_dims) / (1.0 if ff is None else float(ff[i0 // 2]))
             theta, mscale = fscale * theta_extrap, attn
             if ext != 0.0:
                 ramp = 1 - min(1.0, max(0.0, (i0 // 2 - low) / max(0.001, high - low)))
@@ -404,6 +405,40 @@ def test_rope_partial_dims_view_and_yarn(run_on_ref, mode, yarn):
                      **({"n_ctx_orig": 4096, "ext": 1.0, "attn": 0.9} if yarn else {}))
     close(got, want, 1e-5)
     np.testing.assert_array_equal(got[..., 12:], bv[:, :, 1:4, 12:])  # dims >= n_dims are copied
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+@pytest.mark.parametrize("yarn", [False, True])
+def test_rope_freq_factors(run_on_ref, mode, yarn):
+    """ggml_rope_ext's c: pair i's angle is divided by c[i] (c may hold more than n_dims/2 values);
+    the YaRN ramp still goes by the pair's index."""
+    ctx = ggx.Context()
+    a, pos, ff = ctx.tensor("f32", (16, 3, 4)), ctx.tensor("i32", 4), ctx.tensor("f32", 9)
+    kw = dict(n_ctx_orig=4096, ext_factor=1.0, attn_factor=0.9) if yarn else {}
+    out = ctx.rope(a, pos, 12, mode, freq_base=5e5, freq_scale=0.25 if yarn else 1.0, freq_factors=ff, **kw)
+    assert out.src[2] is ff
+    av, pv = rand(1, 4, 3, 16), np.array([3, 0, 1000, 40], np.int32)
+    fv = np.array([1, 1, 1.5, 2, 4, 8, 8, 8, 100], np.float32)
+    (got,) = run_on_ref(out, {a: av, pos: pv, ff: fv})
+    want = rope_loop(av, pv, 12, mode, 5e5, 0.25 if yarn else 1.0, ff=fv,
+                     **({"n_ctx_orig": 4096, "ext": 1.0, "attn": 0.9} if yarn else {}))
+    close(got, want, 1e-5)
+    unscaled = rope_loop(av, pv, 12, mode, 5e5, 0.25 if yarn else 1.0,
+                         **({"n_ctx_orig": 4096, "ext": 1.0, "attn": 0.9} if yarn else {}))
+    assert np.abs(got - unscaled).max() > 0.1  # the factors matter
+
+
+def test_rope_freq_factors_are_checked():
+    ctx = ggx.Context()
+    a, pos = ctx.tensor("f32", (16, 3, 4)), ctx.tensor("i32", 4)
+    with pytest.raises(GGXShapeError, match=r"rope: freq_factors .* must be F32"):
+        ctx.rope(a, pos, 16, freq_factors=ctx.tensor("f16", 8))
+    with pytest.raises(GGXShapeError, match=r"rope: freq_factors .* at least n_dims/2=8 factors"):
+        ctx.rope(a, pos, 16, freq_factors=ctx.tensor("f32", 7))
+    with pytest.raises(GGXShapeError, match=r"rope: freq_factors .* must be contiguous"):
+        ctx.rope(a, pos, 16, freq_factors=ctx.transpose(ctx.tensor("f32", (8, 2))))
+    with pytest.raises(GGXShapeError, match=r"rope: freq_factors must be a Tensor"):
+        ctx.rope(a, pos, 16, freq_factors=np.ones(8, np.float32))
 
 
 def alibi(n_head, max_bias):

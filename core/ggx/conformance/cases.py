@@ -378,7 +378,7 @@ def mul_mat_id_cases() -> Iterator[OpCase]:
 # ---------------------------------------------------------------------------------------------
 def rope_cases() -> Iterator[OpCase]:
     def rope(mode, head_dim, n_dims, n_head, n_tokens, freq_base=10000.0, freq_scale=1.0, ext_factor=0.0,
-             n_ctx_orig=0, view=False, max_pos=300):
+             n_ctx_orig=0, view=False, max_pos=300, n_factors=0):
         def build(b: Builder):
             ne = (head_dim, n_head, n_tokens)
             if view:  # heads 1..n_head of a tensor holding n_head + 2 heads (llama.cpp's fused QKV)
@@ -387,8 +387,13 @@ def rope_cases() -> Iterator[OpCase]:
             else:
                 a = b.uniform(F32, ne, "a")
             pos = b.ints(I32, (n_tokens,), "pos", b.rng.integers(max_pos - 300, max_pos, n_tokens))
-            return b.ctx.rope(a, pos, n_dims, mode, freq_base, freq_scale, n_ctx_orig, ext_factor)
+            # Llama 3.1's rope_freqs span 1 (high frequencies) to 8 (low); a few below 1 too
+            ff = b.uniform(F32, (n_factors,), "freq_factors", 0.5, 8.0) if n_factors else None
+            return b.ctx.rope(a, pos, n_dims, mode, freq_base, freq_scale, n_ctx_orig, ext_factor,
+                              freq_factors=ff)
         extra = {"view": "heads"} if view else {}
+        if n_factors:
+            extra["freq_factors"] = n_factors
         if ext_factor:
             extra.update(ext_factor=ext_factor, n_ctx_orig=n_ctx_orig)
         if max_pos != 300:
@@ -407,6 +412,10 @@ def rope_cases() -> Iterator[OpCase]:
         # far positions: ggml (and ggx-cpu) compute the angles in float32, the reference exactly
         yield rope(mode, 128, 128, 2, 6, max_pos=65536)
         yield rope(mode, 64, 64, 2, 6, freq_base=1e6, max_pos=65536)
+        # frequency factors (ggml_rope_ext's c): exactly n_dims/2, more than needed, with YaRN
+        yield rope(mode, 64, 64, 4, 5, freq_base=5e5, n_factors=32)
+        yield rope(mode, 64, 32, 3, 7, n_factors=20, view=True)
+        yield rope(mode, 128, 128, 2, 4, freq_scale=0.25, ext_factor=1.0, n_ctx_orig=512, n_factors=64)
 
 
 #: ggml's rope takes theta = (float) pos * theta_scale^i in float32, one multiplication per pair

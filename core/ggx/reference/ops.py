@@ -251,10 +251,13 @@ def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fas
     return max(0.0, start), min(n_dims - 1.0, end)
 
 
-def rope_cos_sin(pos: np.ndarray, p) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin (each (n_pos, n_dims/2)) of rope_yarn for pair i: theta = pos * base^(-2i/n_dims)."""
+def rope_cos_sin(pos: np.ndarray, p, freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (each (n_pos, n_dims/2)) of rope_yarn for pair i: theta = pos * base^(-2i/n_dims)
+    / freq_factors[i] (ggml_rope_cache_init; the YaRN ramp still goes by i)."""
     i = np.arange(p.n_dims // 2)
     theta_extrap = pos[:, None].astype(np.float64) * p.freq_base ** (-2.0 * i / p.n_dims)
+    if freq_factors is not None:
+        theta_extrap = theta_extrap / freq_factors[: p.n_dims // 2].astype(np.float64)
     theta = p.freq_scale * theta_extrap
     mscale = p.attn_factor
     if p.ext_factor != 0.0:
@@ -267,11 +270,13 @@ def rope_cos_sin(pos: np.ndarray, p) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rope(dst: Tensor) -> None:
-    """Rotate pairs of a [head_dim, n_head, n_tokens, ne3] by pos[token]; dims >= n_dims are copied."""
-    a, pos = dst.src
+    """Rotate pairs of a [head_dim, n_head, n_tokens, ne3] by pos[token], each pair's angle divided
+    by its frequency factor (src[2], when given); dims >= n_dims are copied."""
+    a, pos = dst.src[:2]
     p = dst.params
     x = decode(a)
-    cos, sin = rope_cos_sin(decode(pos).reshape(-1), p)
+    factors = decode(dst.src[2]).reshape(-1) if len(dst.src) > 2 else None
+    cos, sin = rope_cos_sin(decode(pos).reshape(-1), p, factors)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # over (ne3, tokens, heads, pairs)
     nd = p.n_dims
     if p.mode is RopeMode.NEOX:  # pairs (x[i], x[i + n_dims/2])

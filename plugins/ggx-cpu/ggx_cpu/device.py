@@ -278,7 +278,8 @@ def op_supported(op: Tensor) -> bool:
     if kind is Op.SOFT_MAX:
         return src[0].type is GType.F32 and (len(src) < 2 or src[1].type in (GType.F16, GType.F32))
     if kind is Op.ROPE:
-        return src[0].type is GType.F32 and src[1].type is GType.I32
+        return (src[0].type is GType.F32 and src[1].type is GType.I32
+                and (len(src) < 3 or (src[2].type is GType.F32 and src[2].is_contiguous())))
     return all(s.type is GType.F32 for s in src)
 
 

@@ -227,6 +227,24 @@ def test_scale_bias_and_rope_yarn(cpu):
     assert nmse(got[1], ref[1]) < 1e-10
 
 
+@pytest.mark.parametrize("mode", [RopeMode.NORMAL, RopeMode.NEOX])
+def test_rope_freq_factors(cpu, mode):
+    """The third source divides each pair's angle (ggml_rope_ext's c), as the reference does;
+    without it the result differs (the factors reach the kernel)."""
+    rng = np.random.default_rng(6)
+    ctx = ggx.Context()
+    a, pos, ff = ctx.tensor(GType.F32, (64, 2, 3)), ctx.tensor(GType.I32, (3,)), ctx.tensor(GType.F32, (24,))
+    outs = [ctx.rope(a, pos, 48, mode, 5e5, freq_factors=ff),
+            ctx.rope(a, pos, 48, mode, 5e5, 0.25, 4096, 1.0, 1.0, 32.0, 1.0, freq_factors=ff),
+            ctx.rope(a, pos, 48, mode, 5e5)]
+    inputs = {a: rng.standard_normal((3, 2, 64)).astype(np.float32), pos: np.array([0, 7, 300]),
+              ff: rng.uniform(1.0, 8.0, 24).astype(np.float32)}
+    got, ref = both(cpu, outs, inputs)
+    for g, r in zip(got, ref):
+        assert nmse(g, r) < 1e-10
+    assert nmse(got[0], got[2]) > 1e-3
+
+
 def test_flash_attn_softcap_alibi_f32_kv(cpu):
     rng = np.random.default_rng(5)
     ctx = ggx.Context()

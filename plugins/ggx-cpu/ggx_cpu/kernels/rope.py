@@ -4,8 +4,10 @@ a is [head_dim, n_head, n_tokens, ne3], pos I32 [n_tokens]. For token t, pair i 
 rotates by theta = pos[t] * freq_base^(-2i/n_dims), computed as ggml does: theta_scale =
 freq_base^(-2/n_dims) in float32 and theta multiplied by it pair after pair; YaRN mixes the
 interpolated (freq_scale * theta) and extrapolated angles with a ramp over the correction dims
-when ext_factor != 0. NORMAL rotates (x[2i], x[2i+1]); NEOX rotates (x[i], x[i + n_dims/2]);
-values at and past n_dims are copied.
+when ext_factor != 0. With frequency factors (ff F32, the op's third source, ggml_rope_ext's c)
+pair i's angle is theta / ff[i] before YaRN mixes it (ggml_rope_cache_init); without, every
+factor is 1 (a division by 1 changes no float). NORMAL rotates (x[2i], x[2i+1]); NEOX rotates
+(x[i], x[i + n_dims/2]); values at and past n_dims are copied.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: fl
 
 @njit(cache=True)
 def rope_rows(r0, r1, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1,
-              x, xo, xs, ne, pos, po, ps, y, yo, ys):
+              x, xo, xs, ne, pos, po, ps, ff, fo, y, yo, ys):
     n0, n1, n2 = ne[0], ne[1], ne[2]
     half = n_dims // 2
     # rows of one position (the heads of a token) share their cos/sin (ggml's rope cache)
@@ -55,8 +57,9 @@ def rope_rows(r0, r1, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_fa
         p = pos[po + i2 * ps[0]]
         if cached < 0 or p != pos[po + cached * ps[0]]:
             cached = i2
-            theta_extrap = np.float32(p)
-            for k in range(half):  # pair k uses theta_base * theta_scale^k
+            theta_base = np.float32(p)
+            for k in range(half):  # pair k uses theta_base * theta_scale^k / ff[k]
+                theta_extrap = theta_base / ff[fo + k]
                 theta_interp = freq_scale * theta_extrap
                 theta = theta_interp
                 mscale = attn_factor
@@ -67,7 +70,7 @@ def rope_rows(r0, r1, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_fa
                     mscale *= np.float32(1.0) + np.float32(0.1) * np.float32(math.log(1.0 / freq_scale))
                 cos_k[k] = np.float32(math.cos(theta)) * mscale
                 sin_k[k] = np.float32(math.sin(theta)) * mscale
-                theta_extrap *= theta_scale
+                theta_base *= theta_scale
         for k in range(half):
             c = cos_k[k]
             s = sin_k[k]
@@ -85,10 +88,10 @@ def rope_rows(r0, r1, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_fa
 
 @njit(cache=True, parallel=True)
 def rope_kernel(n_chunks, n_rows, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1,
-                x, xo, xs, ne, pos, po, ps, y, yo, ys):
+                x, xo, xs, ne, pos, po, ps, ff, fo, y, yo, ys):
     for c in prange(n_chunks):
         rope_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, neox, n_dims, theta_scale, freq_scale,
-                  ext_factor, attn_factor, corr0, corr1, x, xo, xs, ne, pos, po, ps, y, yo, ys)
+                  ext_factor, attn_factor, corr0, corr1, x, xo, xs, ne, pos, po, ps, ff, fo, y, yo, ys)
 
 
 @functools.lru_cache(maxsize=64)
@@ -98,6 +101,13 @@ def _rope_constants(n_dims: int, freq_base: float, n_ctx_orig: int, beta_fast: f
     theta_scale = np.float32(np.float32(freq_base) ** np.float32(-2.0 / n_dims))
     c0, c1 = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     return theta_scale, np.float32(c0), np.float32(c1)
+
+
+@functools.lru_cache(maxsize=16)
+def _unit_factors(half: int) -> np.ndarray:
+    """The factors of a ROPE without a third source: all 1, shared (never written; writeable, as
+    buffer views are, so that numba compiles one signature for both)."""
+    return np.ones(half, np.float32)
 
 
 def rope(node: Tensor, n_threads: int) -> Launch:
@@ -119,8 +129,17 @@ def rope(node: Tensor, n_threads: int) -> Launch:
     x, xo, xs, ne = elems(a, "a", op)
     pp, po, ps, _ = elems(pos, "pos", op)
     y, yo, ys, _ = elems(node, "dst", op)
+    if len(node.src) > 2:
+        c = node.src[2]
+        need_type(c, "freq_factors", op, GType.F32)
+        if not c.is_contiguous() or c.ne[0] < p.n_dims // 2:
+            raise GGXShapeError(f"ROPE: freq_factors {c.describe()} must be contiguous with at least "
+                                f"n_dims/2={p.n_dims // 2} values in ne0")
+        ff, fo, _, _ = elems(c, "freq_factors", op)
+    else:
+        ff, fo = _unit_factors(p.n_dims // 2), 0
     theta_scale, c0, c1 = _rope_constants(p.n_dims, p.freq_base, p.n_ctx_orig, p.beta_fast, p.beta_slow)
     f32 = np.float32
     return rows_launch(rope_rows, rope_kernel, n_threads, ne, p.mode == RopeMode.NEOX, p.n_dims, theta_scale,
                        f32(p.freq_scale), f32(p.ext_factor), f32(p.attn_factor), c0, c1, x, xo, xs, ne, pp, po, ps,
-                       y, yo, ys)
+                       ff, fo, y, yo, ys)
