@@ -26,6 +26,9 @@
 using std::max;
 using std::min;
 
+// CUDA's reciprocal square root (2 ulp on a GPU; exact here)
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
 #define __global__
 #define __device__
 #define __host__

@@ -7,9 +7,10 @@ MODELS: each executes a planned launch from its arguments bound by parameter nam
   does, the activations as q * d with their f16 d (MMQ: float d); where a kernel multiplies a
   weight's offset or min by the block's stored f16 sum s = d * sum(q) rather than the f32 d times
   the integer sum (MMVQ: Q4_0, Q4_1, Q5_0; MMQ: the DS4 types, Q4_K / Q5_K included; MMVQ's Q4_K /
-  Q5_K sum the quants, as ggml's vec_dot_q4_K_q8_1_impl_vmmq does), the model does too. So a kernel run differs from its model
-  only by float32 rounding. The MMQ model splits the work over the grid's blocks as the kernel's
-  stream-K loop does, partial tiles into the fixup buffer, and the fixup model adds them.
+  Q5_K sum the quants, as ggml's vec_dot_q4_K_q8_1_impl_vmmq does), the model does too. So a
+  kernel run differs from its model only by float32 rounding. The MMQ model splits the work over
+  the grid's blocks as the kernel's stream-K loop does, partial tiles into the fixup buffer, and
+  the fixup model adds them.
 """
 from __future__ import annotations
 

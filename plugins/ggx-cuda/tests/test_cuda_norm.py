@@ -79,3 +79,9 @@ def test_declines():
     assert not norm.supports(out)
     empty = ctx.rms_norm(ctx.tensor("f32", (0, 3), "e"), 1e-5)
     assert norm.plan(empty, StubCtx(H100)) == []
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_conformance_case_on_host_kernels(case, host_cc):
+    """The kernels of norm.cu themselves, compiled for the host (tests/host_cuda_shim.h)."""
+    check_case(case, norm.supports, norm.plan, host=True)

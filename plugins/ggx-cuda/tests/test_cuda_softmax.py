@@ -100,3 +100,9 @@ def test_declines():
     assert not softmax.supports(out)
     out.src = (ctx.tensor("f16", (16, 4, 2), "h"),)
     assert not softmax.supports(out)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_conformance_case_on_host_kernels(case, host_cc):
+    """The kernels of softmax.cu themselves, compiled for the host (tests/host_cuda_shim.h)."""
+    check_case(case, softmax.supports, softmax.plan, host=True)

@@ -98,3 +98,9 @@ def test_declines():
     assert sort.supports(node)
     node.src = (ctx.tensor("f16", (40, 2), "h"),)
     assert not sort.supports(node)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_conformance_case_on_host_kernels(case, host_cc):
+    """The kernels of sort.cu themselves, compiled for the host (tests/host_cuda_shim.h)."""
+    check_case(case, sort.supports, sort.plan, host=True)

@@ -19,6 +19,14 @@
 
 #define GGX_WARP 32
 
+// Dynamic shared memory (the launch's size): `extern __shared__` on a GPU; built for the host, the
+// shim's one buffer of the launch's size (a function-static `extern` array cannot be declared there)
+#ifndef GGX_HOST_EMU
+#define GGX_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#else
+#define GGX_DYNAMIC_SHARED(T, name) T * name = (T *) hc_dynamic_shared()
+#endif
+
 typedef long long ggx_i64;
 typedef unsigned char ggx_u8;
 

@@ -25,7 +25,7 @@ __global__ void k_soft_max_f32(const char * x, const char * mask, char * dst, co
                                const ggx_i64 nb3,
                                const float scale, const float max_bias, const float m0, const float m1,
                                const int n_head_log2, const int use_shared) {
-    extern __shared__ float softmax_smem[];
+    GGX_DYNAMIC_SHARED(float, softmax_smem);
     float * s = softmax_smem;
     float * vals = softmax_smem + GGX_WARP;
 

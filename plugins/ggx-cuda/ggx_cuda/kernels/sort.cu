@@ -41,7 +41,7 @@ __global__ void k_argsort_f32_i32(const char * x, char * dst, int * scratch, con
                                   const int n_out, const int ne1, const int ne2, const ggx_i64 row0,
                                   const ggx_i64 nb00, const ggx_i64 nb01, const ggx_i64 nb02, const ggx_i64 nb03,
                                   const ggx_i64 nb0, const ggx_i64 nb1, const ggx_i64 nb2, const ggx_i64 nb3) {
-    extern __shared__ int sort_smem[];
+    GGX_DYNAMIC_SHARED(int, sort_smem);
     int * idx = scratch ? scratch + (ggx_i64) blockIdx.x * ncols_pad : sort_smem;
 
     ggx_i64 i1, i2, i3;
