@@ -350,6 +350,8 @@ def model_rope(launch: KernelLaunch, a: dict, ctx: StubCtx) -> None:
             i = _rows(r, int(a["ne1"]), int(a["ne2"]))
             p = F32(mem.view(int(a["pos"]) + i[1] * int(a["nb_pos"]), (1,), (4,), np.int32)[0])
             theta_extrap = p * np.power(a["theta_scale"], t.astype(F32))
+            if int(a["ff"]):
+                theta_extrap = theta_extrap / mem.view(int(a["ff"]), (half,), (4,), np.float32)
             theta = a["freq_scale"] * theta_extrap
             mscale = a["attn_factor"]
             if a["ext_factor"] != 0:

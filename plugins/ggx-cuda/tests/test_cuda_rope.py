@@ -24,6 +24,12 @@ def test_conformance_case(case):
     check_case(case, rope.supports, rope.plan)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if "freq_factors" in dict(c.vars)], ids=lambda c: c.name)
+def test_freq_factor_cases_on_host_kernel(case, host_cc):
+    """rope.cu itself (built for the host) with frequency factors: the pointer reaches the kernel."""
+    check_case(case, rope.supports, rope.plan, host=True)
+
+
 def test_every_case_supported():
     assert len(CASES) >= 20
     for case in CASES:
@@ -98,3 +104,10 @@ def test_declines():
     assert not rope.supports(out)
     out.src, out.params = (a, pos), RopeParams(130)
     assert not rope.supports(out)
+    out.params = RopeParams(128)
+    out.src = (a, pos, ctx.tensor("f32", (64,), "ff"))
+    assert rope.supports(out)
+    for bad in (ctx.tensor("f32", (63,), "short"), ctx.tensor("f16", (64,), "half"),
+                ctx.transpose(ctx.tensor("f32", (2, 64), "t"))):
+        out.src = (a, pos, bad)
+        assert not rope.supports(out), bad.describe()

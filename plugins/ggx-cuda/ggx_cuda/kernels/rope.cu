@@ -3,7 +3,8 @@
 //
 // Pair i (0 <= i < n_dims/2) of the row of token i2 rotates by
 //     theta_extrap = pos[i2] * powf(theta_scale, i),   theta_scale = freq_base^(-2/n_dims)
-// as ggml-cuda computes it; YaRN mixes freq_scale * theta_extrap (interpolation) with
+// as ggml-cuda computes it, divided by freq_factors[i] when the op has them (ggml_rope_ext's c,
+// ff != null; ggml-cuda's has_ff); YaRN mixes freq_scale * theta_extrap (interpolation) with
 // theta_extrap by the ramp over the correction dims [corr0, corr1] when ext_factor != 0, and
 // scales cos/sin by attn_factor * (1 + 0.1 log(1/freq_scale)) then. NORMAL rotates
 // (x[2i], x[2i+1]), NEOX (x[i], x[i + n_dims/2]); elements n_dims .. ne0-1 are copied.
@@ -14,7 +15,8 @@
 #include "common.cuh"
 
 template <bool NEOX>
-__global__ void k_rope_f32(const char * x, const char * pos, char * dst, const int ne0, const int n_dims,
+__global__ void k_rope_f32(const char * x, const char * pos, const char * ff, char * dst, const int ne0,
+                           const int n_dims,
                            const int ne1, const int ne2, const ggx_i64 nrows,
                            const ggx_i64 nb00, const ggx_i64 nb01, const ggx_i64 nb02, const ggx_i64 nb03,
                            const ggx_i64 nb_pos,
@@ -44,7 +46,8 @@ __global__ void k_rope_f32(const char * x, const char * pos, char * dst, const i
         const int j1 = NEOX ? t + half : 2 * t + 1;
 
         // rope_yarn
-        const float theta_extrap = p * powf(theta_scale, (float) t);
+        const float freq_factor = ff != nullptr ? *(const float *) (ff + (ggx_i64) t * 4) : 1.0f;
+        const float theta_extrap = p * powf(theta_scale, (float) t) / freq_factor;
         const float theta_interp = freq_scale * theta_extrap;
         float theta = theta_interp;
         float mscale = attn_factor;
