@@ -4,10 +4,10 @@ ref, and every key and tensor these architectures read refused by name when wron
 (tests/models/test_llamacpp_logits.py holds the comparison with llama.cpp.)"""
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 from gguf_synth import write_tiny_qwen
+from numpy_model import numpy_logits
 
 from ggx.errors import GGXFormatError
 from ggx.models import GGUFFile, load_model, read_hparams
@@ -15,76 +15,6 @@ from ggx.ops import RopeMode
 
 # the three architectures with the shape that tests each one's own part
 CONFIGS = {"qwen2": {}, "qwen3": {"head_dim": 32}, "qwen3moe": {"head_dim": 24, "n_expert": 4, "n_expert_used": 2}}
-
-
-def numpy_qwen(path, ids: list[int]) -> np.ndarray:
-    """An independent float64 Qwen 2 / 3 / 3 MoE (dequantized weights): logits (T, n_vocab)."""
-    f = GGUFFile(path)
-    md = f.metadata
-    arch = md["general.architecture"]
-    n_layer, n_embd = md[f"{arch}.block_count"], md[f"{arch}.embedding_length"]
-    H, Hkv = md[f"{arch}.attention.head_count"], md[f"{arch}.attention.head_count_kv"]
-    D = md.get(f"{arch}.attention.key_length", n_embd // H)
-    eps, base = md[f"{arch}.attention.layer_norm_rms_epsilon"], md[f"{arch}.rope.freq_base"]
-    k_used = md.get(f"{arch}.expert_used_count", 0)
-
-    def W(name):
-        t = f.tensor(name)
-        qt = gguf.GGMLQuantizationType(t.type.ggml_id)
-        return gguf.quants.dequantize(np.asarray(t.data), qt).astype(np.float64).reshape(tuple(reversed(t.ne)))
-
-    def rms(x, w):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
-
-    def rope(x, pos):  # NEOX: rotate (x[i], x[i + D/2])
-        half = D // 2
-        theta = pos[:, None] * base ** (-np.arange(half) * 2 / D)
-        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-        x0, x1 = x[..., :half], x[..., half:]
-        return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
-
-    def silu(x):
-        return x / (1 + np.exp(-x))
-
-    T = len(ids)
-    emb = W("token_embd.weight")
-    x = emb[ids]
-    pos = np.arange(T, dtype=np.float64)
-    causal = np.where(np.arange(T)[None, :] <= np.arange(T)[:, None], 0.0, -np.inf)
-    for il in range(n_layer):
-        b = f"blk.{il}."
-        h = rms(x, W(b + "attn_norm.weight"))
-        q, k, v = (h @ W(b + f"attn_{n}.weight").T for n in "qkv")
-        if arch == "qwen2":
-            q, k, v = q + W(b + "attn_q.bias"), k + W(b + "attn_k.bias"), v + W(b + "attn_v.bias")
-        q, k, v = q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D)
-        if arch != "qwen2":
-            q, k = rms(q, W(b + "attn_q_norm.weight")), rms(k, W(b + "attn_k_norm.weight"))
-        q, k = rope(q, pos), rope(k, pos)
-        out = np.zeros((T, H, D))
-        for hh in range(H):
-            kv = hh // (H // Hkv)
-            s = q[:, hh] @ k[:, kv].T / np.sqrt(D) + causal
-            p = np.exp(s - s.max(-1, keepdims=True))
-            out[:, hh] = (p / p.sum(-1, keepdims=True)) @ v[:, kv]
-        x = x + out.reshape(T, H * D) @ W(b + "attn_output.weight").T
-        h = rms(x, W(b + "ffn_norm.weight"))
-        if k_used:
-            router = h @ W(b + "ffn_gate_inp.weight").T  # (T, n_expert)
-            probs = np.exp(router - router.max(-1, keepdims=True))
-            probs /= probs.sum(-1, keepdims=True)
-            gate, up, down = (W(b + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
-            ffn = np.zeros_like(x)
-            for t in range(T):
-                top = np.argsort(-probs[t])[:k_used]
-                wts = probs[t, top] / probs[t, top].sum()  # renormalized over the chosen (llama.cpp's norm_w)
-                for e, wt in zip(top, wts):
-                    ffn[t] += wt * (down[e] @ (silu(gate[e] @ h[t]) * (up[e] @ h[t])))
-        else:
-            ffn = (silu(h @ W(b + "ffn_gate.weight").T) * (h @ W(b + "ffn_up.weight").T)) @ W(b + "ffn_down.weight").T
-        x = x + ffn
-    out_w = W("output.weight") if "output.weight" in f.tensors else emb
-    return rms(x, W("output_norm.weight")) @ out_w.T
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -110,7 +40,7 @@ def test_forward_matches_numpy(tiny_qwen, flash_attn):
     _, path = tiny_qwen
     m = load_model(path, devices=["ref"], flash_attn=flash_attn, warmup=False)
     ids = _prompt(37, m.n_vocab)
-    got, want = m.forward(ids), numpy_qwen(path, ids)
+    got, want = m.forward(ids), numpy_logits(path, ids)
     # ggx rounds K/V to F16 in the cache; everything else is float64 on ref
     np.testing.assert_allclose(got, want, rtol=0, atol=3e-3 * np.abs(want).max())
 

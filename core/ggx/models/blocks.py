@@ -233,8 +233,8 @@ def _qkv_roped(ctx: Context, hp: HParams, w: dict[str, Tensor], il: int, cur: Te
         qkv = ctx.mul_mat(qkv_w, cur)  # [n_embd_q + 2 n_embd_kv, T]
         v = ctx.view(qkv, [hp.n_embd_kv, n_tokens], [qkv.nb[1]], (hp.n_embd_q + hp.n_embd_kv) * F32_SIZE)
         if not qk_norm and not bias:
-            qk = _rope(ctx, hp, il, ctx.view(qkv, [D, hp.n_head + hp.n_head_kv, n_tokens], [D * F32_SIZE, qkv.nb[1]]),
-                       pos)
+            heads = ctx.view(qkv, [D, hp.n_head + hp.n_head_kv, n_tokens], [D * F32_SIZE, qkv.nb[1]])
+            qk = _rope(ctx, hp, w, il, heads, pos)
             q = ctx.view(qk, [D, hp.n_head, n_tokens], [D * F32_SIZE, qk.nb[2]], 0)
             k = ctx.view(qk, [D, hp.n_head_kv, n_tokens], [D * F32_SIZE, qk.nb[2]], hp.n_embd_q * F32_SIZE)
             return q, k, v
@@ -247,11 +247,14 @@ def _qkv_roped(ctx: Context, hp: HParams, w: dict[str, Tensor], il: int, cur: Te
     if qk_norm:  # per head: rms_norm normalizes each row of D values
         q = norm(ctx, hp, q, w[b + "attn_q_norm.weight"])
         k = norm(ctx, hp, k, w[b + "attn_k_norm.weight"])
-    return _rope(ctx, hp, il, q, pos), _rope(ctx, hp, il, k, pos), v
+    return _rope(ctx, hp, w, il, q, pos), _rope(ctx, hp, w, il, k, pos), v
 
 
-def _rope(ctx: Context, hp: HParams, il: int, t: Tensor, pos: Tensor) -> Tensor:
-    return ctx.rope(t, pos, hp.n_rot, hp.rope_mode, freq_base=hp.rope_base(il), n_ctx_orig=hp.n_ctx_train)
+def _rope(ctx: Context, hp: HParams, w: dict[str, Tensor], il: int, t: Tensor, pos: Tensor) -> Tensor:
+    """RoPE of q or k heads; the layer's frequency factors (blk.{il}.rope_freqs.weight, the layer's
+    copy of the file's rope_freqs.weight) when the model has them (llama.cpp's rope_factors)."""
+    return ctx.rope(t, pos, hp.n_rot, hp.rope_mode, freq_base=hp.rope_base(il), n_ctx_orig=hp.n_ctx_train,
+                    freq_factors=w.get(f"blk.{il}.rope_freqs.weight"))
 
 
 def _attend(ctx: Context, hp: HParams, q: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor,

@@ -43,6 +43,9 @@ class HParams:
     #: Q is multiplied by this before attention, which then scales by 1 (Gemma); None: the
     #: attention scales by 1/sqrt(head_dim) itself (llama)
     q_scale: float | None = None
+    #: Llama 3.1+: the file holds rope_freqs.weight, F32 [n_rot / 2] frequency factors the RoPE of
+    #: Q and K divides each pair's angle by (ggml_rope_ext's c)
+    rope_freqs: bool = False
 
     @property
     def n_embd_q(self) -> int:

@@ -1,7 +1,9 @@
 """The llama architecture (llama.cpp's src/models/llama.cpp), dense or MoE.
 
 Per layer: x += attn_output(attention(rms_norm(x) * attn_norm)), RoPE NORMAL with the file's
-base (llama's GGUF converter permutes Q/K rows so that the adjacent-pair rotation applies);
+base (llama's GGUF converter permutes Q/K rows so that the adjacent-pair rotation applies) and,
+in Llama 3.1+ files, the frequency factors of rope_freqs.weight (each layer its own copy, on its
+device: llama.cpp's TENSOR_DUPLICATED);
 x += ffn(rms_norm(x) * ffn_norm), a SwiGLU FFN or top-k routed experts; then the output norm
 and the output matrix (or the tied token embedding).
 """
@@ -20,14 +22,13 @@ from .blocks import BatchShape, ModelInputs
 from .gguf_file import GGUFFile
 from .hparams import HParams, MetadataReader, common_tensors
 from .kv_cache import KVCache
-
-ROPE_FREQS = "rope_freqs.weight"
+from .weights import ROPE_FREQS
 
 
 def read_hparams(f: GGUFFile) -> HParams:
     r = MetadataReader(f, "llama")
     hp = HParams(**r.common(), rope_mode=RopeMode.NORMAL, n_expert=r.count("expert_count", 0),
-                 n_expert_used=r.count("expert_used_count", 0))
+                 n_expert_used=r.count("expert_used_count", 0), rope_freqs=ROPE_FREQS in f.tensors)
     if hp.n_expert and not 1 <= hp.n_expert_used <= hp.n_expert:
         raise GGXFormatError(f"{f.path}: llama.expert_used_count {hp.n_expert_used} must be in "
                              f"1..{hp.n_expert} (llama.expert_count)")
@@ -36,26 +37,28 @@ def read_hparams(f: GGUFFile) -> HParams:
 
 
 def check_rope_freqs(f: GGUFFile, hp: HParams) -> None:
-    """Llama 3.1+ files scale RoPE by per-dimension frequency factors (rope_freqs.weight, F32
-    [n_rot / 2]: the angle of pair i is divided by factor i). ggx's ROPE has no frequency
-    factors yet, so a file whose factors are not all 1 is refused rather than run with wrong
-    angles; all-ones factors change nothing and are accepted."""
-    if ROPE_FREQS not in f.tensors:
+    """Llama 3.1+ files scale RoPE by per-pair frequency factors (rope_freqs.weight, F32
+    [n_rot / 2]: the angle of pair i is divided by factor i). A factor that is not a finite
+    number > 0 would give NaN or constant angles: refused by name."""
+    if not hp.rope_freqs:
         return
     t = f.tensor(ROPE_FREQS)
     if t.type is not GType.F32 or t.ne != (hp.n_rot // 2,):
         raise GGXFormatError(f"{f.path}: tensor {ROPE_FREQS!r} is {t.type.name} {list(t.ne)}, "
                              f"expected F32 [{hp.n_rot // 2}] (one factor per rotated pair)")
     factors = np.asarray(t.data).view(np.float32)
-    if not np.all(factors == 1.0):
-        raise GGXFormatError(f"{f.path}: {ROPE_FREQS!r} holds RoPE frequency factors (Llama 3.1+ rope "
-                             f"scaling, from {factors.min():g} to {factors.max():g}): not supported yet "
-                             "(ggx's ROPE has no frequency factors; running it without them would give wrong logits)")
+    bad = ~(np.isfinite(factors) & (factors > 0))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise GGXFormatError(f"{f.path}: tensor {ROPE_FREQS!r} holds {factors[i]!r} at pair {i}: RoPE frequency "
+                             "factors must be finite numbers > 0")
 
 
 def expected_tensors(hp: HParams) -> dict[str, tuple[int, ...]]:
     e, ff = hp.n_embd, hp.n_ff
     want = common_tensors(hp)
+    if hp.rope_freqs:
+        want[ROPE_FREQS] = (hp.n_rot // 2,)
     for i in range(hp.n_layer):
         b = f"blk.{i}."
         if hp.n_expert:

@@ -47,6 +47,9 @@ def representative_op(w: Tensor, name: str, hp: HParams) -> Tensor:
         return ctx.mul(ctx.tensor(GType.F32, [w.ne[0], _REPR_TOKENS]), w)
     if name.endswith(".bias"):
         return ctx.add(ctx.tensor(GType.F32, [w.ne[0], _REPR_TOKENS]), w)
+    if name.endswith(ROPE_FREQS):  # the frequency factors of the RoPE of Q (and K)
+        return ctx.rope(ctx.tensor(GType.F32, [hp.head_dim, hp.n_head, _REPR_TOKENS]),
+                        ctx.tensor(GType.I32, [_REPR_TOKENS]), hp.n_rot, hp.rope_mode, freq_factors=w)
     if name == "token_embd.weight":  # read by get_rows (and, when tied, by the output mul_mat too)
         return ctx.get_rows(w, ctx.tensor(GType.I32, [_REPR_TOKENS]))
     if name.endswith("_exps.weight"):
@@ -57,6 +60,12 @@ def representative_op(w: Tensor, name: str, hp: HParams) -> Tensor:
 
 
 EMBD, OUTPUT = "token_embd.weight", "output.weight"
+#: Llama 3.1+'s RoPE frequency factors: one tensor in the file, read by every layer
+ROPE_FREQS = "rope_freqs.weight"
+#: file tensors every layer reads, loaded once per layer as "blk.{il}.{name}" in the layer's
+#: buffer type (llama.cpp's TENSOR_DUPLICATED): a layer's ops then read only its own device's
+#: memory (the scheduler does not move a ROPE to where its factors are, as ggml's does not)
+DUPLICATED = (ROPE_FREQS,)
 
 #: fused weight -> the file's tensors stacked along ne1 (rows), in this order
 FUSIONS = {"attn_qkv.weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
@@ -160,6 +169,12 @@ def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
     if hp.tied_output:  # a candidate copy of token_embd for the output mul_mat, kept only if placed apart
         shapes[OUTPUT] = shapes[EMBD]
         sources[OUTPUT] = (EMBD,)
+    for name in DUPLICATED:
+        if name in shapes:
+            ne = shapes.pop(name)
+            del sources[name]
+            for il in range(hp.n_layer):
+                shapes[f"blk.{il}.{name}"], sources[f"blk.{il}.{name}"] = ne, (name,)
     weights: dict[str, Tensor] = {}
     placed: list[tuple[Tensor, BufferType]] = []
     placed_in: dict[str, BufferType] = {}
