@@ -3,6 +3,9 @@ angle in every layer, as the independent float64 numpy model says, on ref and on
 all-ones factors change nothing; a wrong tensor is refused by name."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf_synth import write_tiny_llama
@@ -10,6 +13,9 @@ from numpy_model import numpy_logits
 
 from ggx.errors import GGXFormatError
 from ggx.models import GGUFFile, load_model, read_hparams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sched_device import TestDevice  # noqa: E402
 
 N_PAIRS = 8  # n_rot / 2 of the tiny llama (64 / 4 heads = 16 dims)
 
@@ -72,6 +78,18 @@ def test_cpu_matches_ref(scaled_llama, tiny_llama, fuse):
     steps = np.concatenate([cpu.eval([t]) for t in ids])
     assert nmse(steps, want) < 1e-2
     assert nmse(steps, unscaled) > 10 * nmse(steps, want)
+
+
+def test_a_layer_split_gives_each_layer_the_factors_on_its_device(scaled_llama):
+    """Layer 0 on a device with memory of its own, layer 1 on ref: each layer's ROPE reads the
+    copy in its device's memory (no copy of the factors between devices), and the logits are
+    ref's. Without mmap the copies are loaded too."""
+    dev = TestDevice("rope-freqs-split")  # not host memory; reference kernels
+    m = load_model(scaled_llama, devices=[dev, "ref"], n_ctx=64, tensor_split=[1, 1], use_mmap=False)
+    assert m.weights["blk.0.rope_freqs.weight"].data_buffer.buft.name == "rope-freqs-split_mem"
+    assert m.weights["blk.1.rope_freqs.weight"].data_buffer.buft.name == "ref"
+    alone = load_model(scaled_llama, devices=["ref"], n_ctx=64)
+    np.testing.assert_allclose(m.forward(IDS), alone.forward(IDS), rtol=1e-5, atol=1e-5)
 
 
 def test_all_ones_factors_change_nothing(tmp_path, tiny_llama):
