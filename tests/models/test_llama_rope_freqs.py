@@ -1,8 +1,13 @@
 """llama's rope_freqs.weight (Llama 3.1+ RoPE scaling): the factors divide each pair's RoPE
-angle in every layer, as the independent float64 numpy model says, on ref and on ggx-cpu;
+angle in every layer, as the independent float64 numpy model says and as llama.cpp computes
+(its logits of the tiny scaled llama, kept in tests/data/llama_rope_freqs.npz: remake them with
+`python tests/models/test_llama_rope_freqs.py PATH/TO/llama-logits`), on ref and on ggx-cpu;
 all-ones factors change nothing; a wrong tensor is refused by name."""
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +21,18 @@ from ggx.models import GGUFFile, load_model, read_hparams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sched_device import TestDevice  # noqa: E402
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "llama_rope_freqs.npz"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _llamacpp_logits_module():
+    """benchmarks/llamacpp_logits.py: the kept reference's format and issue 32's bounds."""
+    spec = importlib.util.spec_from_file_location("llamacpp_logits", BENCHMARKS / "llamacpp_logits.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCHMARKS))
+    spec.loader.exec_module(mod)
+    return mod
 
 N_PAIRS = 8  # n_rot / 2 of the tiny llama (64 / 4 heads = 16 dims)
 
@@ -32,6 +49,8 @@ def scaled_llama(tmp_path_factory):
 
 
 IDS = [5, 6, 7, 8, 9, 10, 11, 3, 40, 41, 42, 17, 2, 60, 61, 9, 9, 30, 31, 32, 33, 34, 35, 36, 37]
+#: the prompt of the llama.cpp comparison: 48 positions, past the angles where the factors matter
+LLAMACPP_IDS = np.random.default_rng(31).integers(2, 268, 48).tolist()
 
 
 @pytest.mark.parametrize("flash_attn", [True, False], ids=["flash_attn", "soft_max"])
@@ -114,3 +133,36 @@ def test_factors_that_are_not_positive_numbers_are_refused(tmp_path, value):
     with pytest.raises(GGXFormatError, match=r"'rope_freqs.weight' holds .* at pair 5: RoPE frequency factors "
                                              r"must be finite numbers > 0"):
         read_hparams(GGUFFile(path))
+
+
+def test_logits_match_llama_cpp(scaled_llama, tiny_llama):
+    """ggx-cpu on the scaled file against llama.cpp's logits of the same file (issue 32's bounds);
+    the same weights without the factors break those bounds (the data can tell)."""
+    lc = _llamacpp_logits_module()
+    ref, digests = lc.load(DATA)
+    assert ref.ids.tolist() == LLAMACPP_IDS
+    f = GGUFFile(str(scaled_llama))
+    assert {n: hashlib.sha256(np.asarray(t.data).tobytes()).hexdigest() for n, t in f.tensors.items()} == \
+        {n: h for n, (_, h) in digests.items()}, "the tiny llama changed: remake tests/data/llama_rope_freqs.npz"
+    for n_threads in (1, 2):
+        got = load_model(scaled_llama, devices=["CPU"], n_threads=n_threads, warmup=False).forward(LLAMACPP_IDS)
+        assert lc.check(got, ref) == [], n_threads
+    unscaled = load_model(tiny_llama, devices=["CPU"], warmup=False).forward(LLAMACPP_IDS)
+    assert lc.check(unscaled, ref) != []
+
+
+def make_reference(llama_logits: str) -> None:
+    """llama.cpp's logits of the tiny scaled llama (written as the test writes it), kept in DATA."""
+    import tempfile
+
+    lc = _llamacpp_logits_module()
+    with tempfile.TemporaryDirectory() as d:
+        path = write_tiny_llama(Path(d) / "scaled.gguf", rope_freqs=llama3_factors())
+        out = Path(d) / "logits.f32"
+        subprocess.run([llama_logits, str(path), str(out), "1", *map(str, LLAMACPP_IDS)], check=True)
+        logits = np.fromfile(out, np.float32).reshape(len(LLAMACPP_IDS), -1)
+        lc.save(DATA, lc.Reference.of(np.array(LLAMACPP_IDS), logits), lc.tensor_digests(path))
+
+
+if __name__ == "__main__":
+    make_reference(sys.argv[1])
