@@ -14,9 +14,9 @@ claimed with a compare-and-swap.
 
 A job runs on the caller's thread: part -1 (a prologue: quantizing the activations every part
 reads), then it publishes the job, runs part 0, claims every part no worker has claimed yet and
-waits for the ones a worker runs, then part `parts` (an epilogue: merging partial results). So a job always completes on the caller's thread
-alone if no worker comes (none started yet, asleep, or the pool busy with another thread's job):
-no call ever waits on a worker that has not started its part.
+waits for the ones a worker runs, then part `parts` (an epilogue: merging partial results). So a
+job always completes on the caller's thread alone if no worker comes (none started yet, asleep,
+or the pool busy with another thread's job): no call ever waits on a worker that has not started its part.
 
 Workers spin (~0.2 ms), then yield the CPU a few hundred times, then sleep on a futex that the
 next caller to publish a job wakes: a sleeping worker takes no CPU from the parallel regions of a
