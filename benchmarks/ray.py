@@ -108,6 +108,7 @@ def main() -> None:
         os.environ["GGX_DISABLE_PLUGINS"] = f"{disabled},repack" if plain else disabled
         registry.load_plugins(force=True)
         model = load_model(devices=devices)
+        model.wait_prepared()  # the prompt buckets' background preparation stays out of the timings
         pp = _rate(model, "pp", args.pp, args.reps, rng)
         tg = _rate(model, "tg", args.tg, args.reps, rng)
         list(model.generate("Hello", max_tokens=8))  # for the per-step traffic figure

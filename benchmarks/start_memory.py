@@ -9,8 +9,10 @@ resident memory (VmRSS) after each, with the peak (VmHWM) at the end. The memory
 as llama.cpp prints its buffers: weights copied into buffers (repacked or plain) and mapped from
 the file (of which resident: the pages read), the KV cache, the compute buffers, and the rest
 (interpreter, numpy, numba, the kernels' machine code and the Python objects of graphs and
-plans). `--profile N` prints the load's N costliest functions under cProfile (which inflates
-the Python-heavy parts: use it for where the time goes, not for how much). MODEL is a path or a
+plans); then the seconds the prompt buckets' preparation went on in the background after the load
+(`Model.background_s`) and the resident memory once it is over. `--profile N` prints the load's
+N costliest functions under cProfile (which inflates the Python-heavy parts: use it for where the
+time goes, not for how much). MODEL is a path or a
 known model's name (default: the default model).
 """
 from __future__ import annotations
@@ -45,7 +47,9 @@ t0 = time.perf_counter()
 m.eval([1])
 one_token = time.perf_counter() - t0
 start = process_seconds()
-rss, peak = process_memory()
+rss = process_memory()[0]
+m.wait_prepared()  # the prompt buckets prepared in the background after the load
+rss_prepared, peak = process_memory()
 copied = sum(b.size for b in m.weight_buffers
              if not (mappable(b.buft) and np.shares_memory(b.host_view(), m.file.memory)))
 mapped_resident = 0
@@ -60,6 +64,7 @@ with open("/proc/self/smaps", encoding="utf-8", errors="replace") as fh:  # the 
 compute = sum(b.size for b in m.runner.sched.alloc.buffers if b is not None)
 out = {"model": m.path, "threads": threads, "use_mmap": use_mmap, "import_s": t_import,
        "load_s": m.stats.load_s, "load_split": m.stats.load_split, "one_token_s": one_token, "start_s": start,
+       "background_s": m.background_s, "rss_prepared": rss_prepared,
        "rss_libraries": rss_libraries, "rss_loaded": rss_loaded, "rss": rss, "peak_rss": peak,
        "weights_copied": copied, "weights_mapped": m.mapped_nbytes, "mapped_resident": mapped_resident,
        "kv_cache": m.cache.nbytes, "compute_buffers": compute}
@@ -88,6 +93,8 @@ def report(r: dict) -> str:
     lines = [f"{r['model']} ({r['threads']} threads, {'mapped' if r['use_mmap'] else 'copied'} weights)",
              f"  start {r['start_s']:.2f} s = interpreter and imports {before:.2f} + load {r['load_s']:.2f} "
              f"({split}) + one token {r['one_token_s'] * 1e3:.1f} ms",
+             f"  then the prompt buckets prepared in the background: {r['background_s'] or 0:.2f} s "
+             f"(RSS {r['rss_prepared'] / mb:.0f} MB after them)",
              f"  peak RSS {r['peak_rss'] / mb:.0f} MB; {r['rss'] / mb:.0f} MB after one token:",
              f"    interpreter, numpy, numba, plugins imported  {r['rss_libraries'] / mb:6.1f} MB",
              f"    weights copied (repacked, fused, plain)      {r['weights_copied'] / mb:6.1f} MB",

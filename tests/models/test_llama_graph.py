@@ -61,7 +61,9 @@ def numpy_llama(path, ids: list[int]) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_llama):
-    return load_model(tiny_llama, devices=["ref"])
+    m = load_model(tiny_llama, devices=["ref"])
+    assert m.wait_prepared(120)  # the scheduler's statistics the tests read are their graphs only
+    return m
 
 
 def test_forward_matches_numpy_llama(tiny_model, tiny_llama):
@@ -100,12 +102,16 @@ def test_decode_reuses_the_scheduler_plan(tiny_model):
     assert sched.stats.n_plans == plans
 
 
-def test_prompt_buckets_are_ready_after_load(tiny_llama):
+@pytest.mark.parametrize("background", [False, True])
+def test_prompt_buckets_are_ready_after_load(tiny_llama, background):
     """Loading builds and plans every prompt bucket up to PREPARED_PROMPT_TOKENS on an empty
-    cache, so a first prompt of any such length builds and plans nothing; a longer one does."""
+    cache (in the background: once `wait_prepared` returns), so a first prompt of any such length
+    builds and plans nothing; a longer one does."""
     from ggx.models.model import PREPARED_PROMPT_TOKENS, prompt_bucket
 
-    m = load_model(tiny_llama, devices=["ref"], n_ctx=PREPARED_PROMPT_TOKENS + 64)
+    m = load_model(tiny_llama, devices=["ref"], n_ctx=PREPARED_PROMPT_TOKENS + 64, background=background)
+    assert m.wait_prepared(120) and m.background_error is None
+    assert (m.background_s is not None) == background
     sched, timings = m.runner.sched, m.runner.timings
     plans, built = sched.stats.n_plans, timings["build graph"]
     rng = np.random.default_rng(0)

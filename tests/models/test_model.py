@@ -130,3 +130,76 @@ def test_token_ids_must_be_integers(model):
         model.eval(np.array([1.5, 2.0]))
     with pytest.raises(GGXValueError, match="n_ctx"):
         load_model(model.path, devices=["ref"], n_ctx=-4)
+
+
+def test_prompts_and_a_batcher_while_buckets_are_prepared_in_the_background(tiny_llama, monkeypatch):
+    """Right after the load (the prompt buckets still being prepared by a thread, one slowed
+    step at a time), prompts of every bucket from two threads and a Batcher's steps run
+    between the steps and give what a model prepared at load gives; afterwards every bucket
+    is kept and nothing failed."""
+    from ggx.models.batched import Batcher
+    from ggx.models.model import Model, prompt_bucket
+
+    want_model = load_model(tiny_llama, devices=["CPU"], n_ctx=256, background=False)
+    seqs = [list(range(3, 3 + n)) for n in (2, 7, 13, 30, 61, 100, 127)]
+    want = [want_model.forward(s) for s in seqs]
+    steps: list[bool] = []  # per background step: whether a prompt had already run
+    prompts_run = threading.Event()
+    prepare = Model._prepare_bucket
+
+    def slow_prepare(self, n):
+        prepare(self, n)
+        steps.append(prompts_run.is_set())
+        threading.Event().wait(0.01)  # inside the step: callers queue behind it
+
+    monkeypatch.setattr(Model, "_prepare_bucket", slow_prepare)
+    m = load_model(tiny_llama, devices=["CPU"], n_ctx=256)
+    got: list = [None] * len(seqs)
+    errors: list = []
+
+    def work(first):
+        try:
+            for i in range(first, len(seqs), 2):
+                got[i] = m.forward(seqs[i])
+                prompts_run.set()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher = Batcher(m, n_seq=2, n_ctx=128)
+    batcher.add(seqs[1], 3)
+    while batcher.busy:
+        batcher.step()
+    assert not errors
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert m.wait_prepared(120) and m.background_error is None and m.background_s is not None
+    assert True in steps, "some bucket was prepared after a prompt had run"
+    kept = {shape.n_tokens for shape, _ in m._graphs}
+    assert {prompt_bucket(n) for n in range(2, 129)} <= kept
+
+
+def test_stopped_preparation_leaves_the_rest_to_the_first_use(tiny_llama):
+    m = load_model(tiny_llama, devices=["CPU"], n_ctx=256)
+    m.stop_preparing()
+    assert m.wait_prepared(0)
+    want = load_model(tiny_llama, devices=["CPU"], n_ctx=256, background=False)
+    np.testing.assert_array_equal(m.forward(list(range(3, 60))), want.forward(list(range(3, 60))))
+
+
+def test_the_interpreter_exits_cleanly_while_buckets_are_prepared(tiny_llama):
+    """The load returns with the preparation under way; exiting at once stops it first (a
+    thread left inside LLVM while the process tears it down could crash the exit)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ggx.models import load_model; "
+            "m = load_model(sys.argv[1], devices=['CPU'], n_ctx=256); "
+            "print('running' if not m.wait_prepared(0) else 'done')")
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_llama)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() in ("running", "done")

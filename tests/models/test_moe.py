@@ -41,6 +41,7 @@ def test_moe_split_with_expert_upload_matches_reference(tiny_moe, ref_logits):
     dev = TestDevice("moe-test", offload=lambda op: op.op is Op.MUL_MAT_ID)
     # both listed devices take part in the layer split: every layer on the test device, none on ref
     m = load_model(tiny_moe, devices=[dev, RefDevice()], host_experts=True, tensor_split=[1, 0])
+    assert m.wait_prepared(120)  # the scheduler's statistics below are the test's graphs only
     exps = [w for n, w in m.weights.items() if n.endswith("_exps.weight")]
     assert exps and all(w.data_buffer.is_host for w in exps)
     # the token embedding stays in host memory (llama.cpp keeps tok_embd on the CPU)

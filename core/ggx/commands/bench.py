@@ -70,17 +70,20 @@ def run(args: argparse.Namespace) -> int:
     if not tests and not args.profile:
         raise GGXValueError("bench: nothing to run (every -p and -n is 0)")
     longest = max(n for _, n in tests) if tests else 1
-    model = load_model(chosen_model(args), args.device, None, n_ctx=max(longest + 1, 256),
+    threads = args.threads or [None]
+    # loaded with the first thread count: the graphs prepared at load are bound for it
+    model = load_model(chosen_model(args), args.device, threads[0], n_ctx=max(longest + 1, 256),
                        flash_attn=not args.no_flash_attn, use_mmap=not args.no_mmap,
                        tensor_split=args.tensor_split, buft_overrides=args.override_tensor)
     model.eval([0])  # one token: what "start" measures
     model.reset()
     start_s = process_seconds()
+    if tests != [("tg", 1)]:  # one token alone is the start-up run (-p 0 -n 1): it exits at once
+        model.wait_prepared()  # the prompt buckets' background preparation stays out of the timings
     if longest > model.n_ctx:
         raise GGXContextOverflow(f"bench: a test of {longest} tokens does not fit the model's context of "
                                  f"{model.n_ctx} tokens (its training context)", 0, longest, model.n_ctx)
     rng = np.random.default_rng(0)
-    threads = args.threads or [None]
     size = sum(t.nbytes for t in model.file.tensors.values())  # the file's weights, as llama-bench
     name = f"{model.file.get('general.name', str, 'model')} {model.file.tensor('blk.0.attn_q.weight').type.name}"
     backend = ",".join(d.name for d in model.runner.devices)
@@ -187,6 +190,7 @@ def profile_decode(model, rng: np.random.Generator, out, n: int = 64) -> None:
     """
     from collections import defaultdict
 
+    model.wait_prepared()  # no prompt bucket's preparation in the background among the timings
     model.reset()
     model.eval(rng.integers(0, model.n_vocab, size=8))
     model.eval([1])  # build and plan the decode graph before timing

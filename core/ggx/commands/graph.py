@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         from ..models.kv_cache import KV_PAD
 
         n_tokens = args.tokens or 1
-        model = load_model(None if args.model == "default" else args.model, names, n_ctx=max(KV_PAD, n_tokens))
+        model = load_model(None if args.model == "default" else args.model, names, n_ctx=max(KV_PAD, n_tokens),
+                           warmup=False)  # drawn, not run: no graph needs getting ready
         graph, title = model_graph(model, args.layers, n_tokens)
         sched = model.runner.sched
         sched.alloc_graph(graph)

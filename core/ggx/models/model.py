@@ -2,9 +2,11 @@
 tokenizer, forward and generate."""
 from __future__ import annotations
 
+import atexit
 import codecs
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,8 +57,9 @@ class Stats:
     load_s: float = 0.0
     #: where the load's time went (seconds): "file" (header, metadata, tokenizer), "devices"
     #: (plugins, backends), "weights" (placed, mapped or copied), "preparation" (the warm-up:
-    #: graphs built, planned and bound, kernels run once); "kernels" is the part of those spent
-    #: loading kernels from the disk cache or compiling them
+    #: graphs built, planned and bound, kernels run once; the other prompt buckets prepared in
+    #: the background after the load are not in it: `Model.background_s`); "kernels" is the part
+    #: of those spent loading kernels from the disk cache or compiling them
     load_split: dict[str, float] = field(default_factory=dict)
     prompt_tokens: int = 0  # tokens of the prompt, evaluated in one go (timed in prompt_s)
     #: tokens of the prompt the KV cache already held (generate(reuse_prefix=True)): not evaluated
@@ -112,7 +115,9 @@ class Model:
     context length; `encode_prompt` tokenizes a prompt and checks that it fits. Weights in plain
     host memory are views of the file's memory map (`use_mmap=False` copies them: for a file that
     may change while the model runs; a changed file makes the next evaluation raise
-    GGXStateError). Loading ends with `warmup` (unless `warmup=False`). A prompt runs as a batch
+    GGXStateError). Loading ends with `warmup` (unless `warmup=False`), which leaves most prompt
+    buckets to a thread that prepares them after the load returns (`background=False`: at load;
+    `wait_prepared`, `stop_preparing`). A prompt runs as a batch
     of `prompt_bucket` tokens (padded), so prompts of nearby lengths reuse one kept graph.
 
     The layers are split over the runner's split devices (llama.cpp's split mode LAYER): the
@@ -133,7 +138,8 @@ class Model:
                  n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH, flash_attn: bool = True,
                  progress: bool = False, host_experts: bool = False, fuse: bool = True,
                  tensor_split: Sequence[float] | None = None, swa_full: bool = False, warmup: bool = True,
-                 use_mmap: bool = True, buft_overrides: object = None, tune_profile: object = None):
+                 use_mmap: bool = True, buft_overrides: object = None, tune_profile: object = None,
+                 background: bool = True):
         t0 = time.perf_counter()
         kernels0 = compile_seconds()
         if n_ctx is not None and n_ctx <= 0:
@@ -182,33 +188,82 @@ class Model:
         self._last_use = "load"  # what changed the cache last, for the stale-iterator message
         self._chat_template: ChatTemplate | None = None
         self._cached_ids: list[int] = []  # the tokens whose K/V the cache holds, in order
+        self._preparer: threading.Thread | None = None
+        self._stop_preparing = threading.Event()
+        #: seconds the background preparation took (None while it runs or when there was none)
+        self.background_s: float | None = None
+        #: what stopped the background preparation early (the foreground meets it again itself)
+        self.background_error: BaseException | None = None
         t_weights = time.perf_counter()
         if warmup:
-            self.warmup()
+            self.warmup(background)
         t_end = time.perf_counter()
         self.stats = Stats(load_s=t_end - t0, load_split={
             "file": t_file - t0, "devices": t_devices - t_file, "weights": t_weights - t_devices,
             "preparation": t_end - t_weights, "kernels": compile_seconds() - kernels0})
 
-    def warmup(self) -> None:
-        """Get the first prompts ready at load time (`warmup=True`): size the compute buffers for
-        the largest batch (llama.cpp's worst-case reserve), build, plan and bind the graph of every
-        prompt bucket up to PREPARED_PROMPT_TOKENS tokens on an empty cache (computing nothing),
-        then evaluate a throwaway short prompt and one decode step and forget them: the kernels
-        are loaded (or compiled) and decode's graph is prepared too (`_graph` prepares every graph
-        it builds: a backend that turns a prepared graph into one compiled call, as ggx-cpu does,
-        has done so). A first prompt of any length up to PREPARED_PROMPT_TOKENS then costs its
-        arithmetic only."""
+    def warmup(self, background: bool = True) -> None:
+        """Get the first prompts ready (`warmup=True` at load): size the compute buffers for the
+        largest batch (llama.cpp's worst-case reserve), evaluate one decode step and forget it
+        (decode's kernels are loaded or compiled and its graph prepared: `_graph` prepares every
+        graph it builds), then build, plan and bind the graph of every prompt bucket up to
+        PREPARED_PROMPT_TOKENS tokens on an empty cache, computing nothing (their kernels are
+        loaded as they are bound). With `background` the buckets are prepared by a thread after
+        the load returns, smallest first, one bucket per step, each step taken only while no
+        call of this model waits for its runner: a call waits at most for the step under way,
+        and builds a bucket not ready yet itself; `wait_prepared` waits for them all. A first
+        prompt of any length up to PREPARED_PROMPT_TOKENS then costs its arithmetic only."""
+        self.stop_preparing()
         with self._lock, gc_paused():
             self._clear_cache()
             self.runner.reserve(self._build(self._worst_case())[0])
-            for n in self._prepared_buckets():
-                planned = self.cache.plan(n)
-                self._graph(BatchShape(n, planned.n_kv, 1, planned.n_kv_swa))
-            self._eval(np.zeros(min(8, self.n_ctx - 1, self.n_batch) or 1, np.int64))
-            if self.cache.n_past < self.n_ctx:
-                self._eval(np.zeros(1, np.int64))
+            self._eval(np.zeros(1, np.int64))
             self._clear_cache()
+            if not background:
+                for n in self._prepared_buckets():
+                    self._prepare_bucket(n)
+                return
+        self._stop_preparing = threading.Event()
+        self.background_s, self.background_error = None, None
+        self._preparer = threading.Thread(target=self._prepare_buckets, args=(self._stop_preparing,),
+                                          name="ggx-prepare-buckets", daemon=True)
+        _PREPARING.add(self)
+        self._preparer.start()
+
+    def wait_prepared(self, timeout: float | None = None) -> bool:
+        """Wait for the background preparation of the prompt buckets (`warmup`); whether it is over."""
+        t = self._preparer
+        if t is not None:
+            t.join(timeout)
+            return not t.is_alive()
+        return True
+
+    def stop_preparing(self) -> None:
+        """Stop the background preparation after the bucket under way (the rest are prepared
+        when first used) and wait for it."""
+        self._stop_preparing.set()
+        self.wait_prepared()
+
+    def _prepare_buckets(self, stop: threading.Event) -> None:
+        t0 = time.perf_counter()
+        try:
+            for n in self._prepared_buckets():
+                if stop.is_set():
+                    return
+                with self.runner.lock.when_idle(), gc_paused():
+                    self._prepare_bucket(n)
+        except Exception as e:  # noqa: BLE001 - a prompt of that bucket builds it itself and meets the error
+            self.background_error = e
+        finally:
+            self.background_s = time.perf_counter() - t0
+
+    def _prepare_bucket(self, n: int) -> None:
+        """The graph of an n-token prompt on an empty cache, built and prepared unless kept."""
+        with self.runner.lock:
+            swa = self.cache.swa
+            shape = BatchShape(n, self.cache.n_kv_for(n), 1, swa.n_kv_for(n) if swa is not None else 0)
+            if (shape, self.flash_attn) not in self._graphs:
+                self._graph(shape)
 
     # --- text ---------------------------------------------------------------------------------
     @property
@@ -328,8 +383,9 @@ class Model:
         tokens = batch if n_pad == n_tokens else np.concatenate([batch, np.zeros(n_pad - n_tokens, batch.dtype)])
         planned = self.cache.plan(n_pad)
         n_out = n_pad if all_rows else 1
-        graph, logits, inp = self._graph(BatchShape(n_pad, planned.n_kv, n_out, planned.n_kv_swa))
-        (result,) = self.runner.run(graph, [logits], inp.data(tokens, planned, last=n_tokens - 1))
+        with self.runner.lock:  # the graphs kept are the background preparation's too
+            graph, logits, inp = self._graph(BatchShape(n_pad, planned.n_kv, n_out, planned.n_kv_swa))
+            (result,) = self.runner.run(graph, [logits], inp.data(tokens, planned, last=n_tokens - 1))
         self.cache.commit(planned, n_tokens)
         if not need:
             return None
@@ -437,6 +493,17 @@ class Model:
                 st.gen_tokens += 1
                 st.gen_bytes_copied += self.runner.bytes_copied - copied
                 st.splits.append(self.runner.last_splits)
+
+
+#: models whose buckets a thread is preparing: stopped before the interpreter exits (a thread
+#: inside LLVM while the process tears it down could crash the exit)
+_PREPARING: weakref.WeakSet[Model] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_preparing() -> None:
+    for m in list(_PREPARING):
+        m.stop_preparing()
 
 
 def load_model(path: str | Path | None = None, devices: Sequence[str] | None = None, n_threads: int | None = None,

@@ -17,9 +17,11 @@ scheduler copies between devices are summed over every graph run (`bytes_copied`
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -61,11 +63,57 @@ def set_n_threads(backend: Backend, n_threads: int) -> bool:
     return True
 
 
+class YieldingLock:
+    """A reentrant lock that work in the background takes only while no other thread waits for
+    it (`when_idle`): a caller waits at most for the one background step under way."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = 0
+
+    def __enter__(self) -> YieldingLock:
+        with self._cond:
+            self._waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._cond:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._cond.notify_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    @contextmanager
+    def when_idle(self) -> Iterator[None]:
+        """Hold the lock for one step of background work, once no caller waits for it."""
+        while True:
+            with self._cond:
+                while self._waiting:
+                    self._cond.wait()
+            self._lock.acquire()
+            with self._cond:
+                if not self._waiting:
+                    break
+            self._lock.release()  # a caller came in between: it goes first
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+
 class Runner:
-    """Runs graphs for one model on its devices through one scheduler."""
+    """Runs graphs for one model on its devices through one scheduler. Its calls hold `lock`
+    (a model's preparation in the background takes it between them)."""
 
     def __init__(self, devices: Sequence[str | Device] | None = None, n_threads: int | None = None,
                  moe: bool = False):
+        #: held by every call that uses the scheduler or the backends; the model's background
+        #: preparation takes it only while nobody waits for it (`YieldingLock.when_idle`)
+        self.lock = YieldingLock()
         self.devices = resolve_devices(devices)
         if not self.devices:
             raise GGXUnsupported("no device to run the model on")
@@ -107,23 +155,26 @@ class Runner:
         return bufts
 
     def set_n_threads(self, n_threads: int) -> None:
-        for be in self.backends:
-            set_n_threads(be, n_threads)
-        self.n_threads = n_threads
+        with self.lock:
+            for be in self.backends:
+                set_n_threads(be, n_threads)
+            self.n_threads = n_threads
 
     # --- ahead of time -------------------------------------------------------------------------
     def reserve(self, graph: Graph) -> None:
         """Size the compute buffers for `graph` (the largest the model will run), so that graphs
         prepared after it are not moved by a buffer that grows."""
-        self.sched.reserve(graph)
-        self._last_graph = None
+        with self.lock:
+            self.sched.reserve(graph)
+            self._last_graph = None
 
     def prepare(self, graph: Graph) -> None:
         """Plan, place and bind `graph` now, computing nothing: its first `run` starts at once."""
-        t0 = time.perf_counter()
-        self.sched.graph_prepare(graph)
-        self._last_graph = None
-        self.timings["prepare graphs"] += time.perf_counter() - t0
+        with self.lock:
+            t0 = time.perf_counter()
+            self.sched.graph_prepare(graph)
+            self._last_graph = None
+            self.timings["prepare graphs"] += time.perf_counter() - t0
 
     # --- running ------------------------------------------------------------------------------
     def run(self, graph: Graph, outputs: Sequence[Tensor], data: Mapping[Tensor, np.ndarray]) -> list[np.ndarray]:
@@ -133,6 +184,10 @@ class Runner:
         the very graph it ran last comes back: its tensors are still placed where the reused plan
         puts them, and graph_compute places it again anyway.
         """
+        with self.lock:
+            return self._run(graph, outputs, data)
+
+    def _run(self, graph: Graph, outputs: Sequence[Tensor], data: Mapping[Tensor, np.ndarray]) -> list[np.ndarray]:
         for check in self.checks:
             check()
         tm = self.timings
