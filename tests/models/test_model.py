@@ -132,13 +132,19 @@ def test_token_ids_must_be_integers(model):
         load_model(model.path, devices=["ref"], n_ctx=-4)
 
 
-def test_prompts_and_a_batcher_while_buckets_are_prepared_in_the_background(tiny_llama, monkeypatch):
+@pytest.mark.parametrize("idle_s", [0.0, None])
+def test_prompts_and_a_batcher_while_buckets_are_prepared_in_the_background(tiny_llama, monkeypatch, idle_s):
     """Right after the load (the prompt buckets still being prepared by a thread, one slowed
-    step at a time), prompts of every bucket from two threads and a Batcher's steps run
-    between the steps and give what a model prepared at load gives; afterwards every bucket
-    is kept and nothing failed."""
+    step at a time, as soon as the runner is free or only once it was left alone a while: the
+    default), prompts of every bucket from two threads and a Batcher's steps run between the
+    steps and give what a model prepared at load gives; afterwards every bucket is kept and
+    nothing failed."""
+    from ggx.models import model as model_module
     from ggx.models.batched import Batcher
     from ggx.models.model import Model, prompt_bucket
+
+    if idle_s is not None:
+        monkeypatch.setattr(model_module, "PREPARE_WHEN_IDLE_S", idle_s)
 
     want_model = load_model(tiny_llama, devices=["CPU"], n_ctx=256, background=False)
     seqs = [list(range(3, 3 + n)) for n in (2, 7, 13, 30, 61, 100, 127)]

@@ -38,6 +38,10 @@ DEFAULT_N_BATCH = 512
 KEPT_GRAPHS = 32
 #: prompt buckets up to this many tokens are built, planned and bound at load (`Model.warmup`)
 PREPARED_PROMPT_TOKENS = 128
+#: the background preparation of the buckets takes a step only once the model's runner has
+#: been left alone this long (seconds): a process that loads, runs a few calls in a row and
+#: exits is not held up by a step under way
+PREPARE_WHEN_IDLE_S = 0.05
 
 
 def prompt_bucket(n_tokens: int) -> int:
@@ -242,16 +246,21 @@ class Model:
         """Stop the background preparation after the bucket under way (the rest are prepared
         when first used) and wait for it."""
         self._stop_preparing.set()
+        self.runner.lock.wake()
         self.wait_prepared()
 
     def _prepare_buckets(self, stop: threading.Event) -> None:
         t0 = time.perf_counter()
         try:
+            lock = self.runner.lock
             for n in self._prepared_buckets():
-                if stop.is_set():
+                if not lock.begin_step(PREPARE_WHEN_IDLE_S, stop):
                     return
-                with self.runner.lock.when_idle(), gc_paused():
-                    self._prepare_bucket(n)
+                try:
+                    with gc_paused():
+                        self._prepare_bucket(n)
+                finally:
+                    lock.end_step()
         except Exception as e:  # noqa: BLE001 - a prompt of that bucket builds it itself and meets the error
             self.background_error = e
         finally:

@@ -20,8 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -64,15 +63,20 @@ def set_n_threads(backend: Backend, n_threads: int) -> bool:
 
 
 class YieldingLock:
-    """A reentrant lock that work in the background takes only while no other thread waits for
-    it (`when_idle`): a caller waits at most for the one background step under way."""
+    """A reentrant lock that work in the background takes only between the calls of others
+    (`begin_step`): a caller waits at most for the one background step under way."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._cond = threading.Condition(threading.Lock())
         self._waiting = 0
+        self._last_used = time.monotonic()  # when a caller last took or let go of the lock
+        self._stepping: int | None = None  # the thread inside a background step
 
     def __enter__(self) -> YieldingLock:
+        if self._stepping == threading.get_ident():  # a background step's own nested use
+            self._lock.acquire()
+            return self
         with self._cond:
             self._waiting += 1
         try:
@@ -80,29 +84,45 @@ class YieldingLock:
         finally:
             with self._cond:
                 self._waiting -= 1
+                self._last_used = time.monotonic()
                 if not self._waiting:
                     self._cond.notify_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._stepping != threading.get_ident():
+            self._last_used = time.monotonic()
         self._lock.release()
 
-    @contextmanager
-    def when_idle(self) -> Iterator[None]:
-        """Hold the lock for one step of background work, once no caller waits for it."""
+    def begin_step(self, quiet_s: float, stop: threading.Event) -> bool:
+        """Take the lock for one step of background work, once no caller waits for it and none
+        has used it for `quiet_s` seconds (calls in quick succession are not split by a step);
+        False, not taken, once `stop` is set (`wake` makes a waiting step look at it)."""
         while True:
             with self._cond:
-                while self._waiting:
-                    self._cond.wait()
+                while True:
+                    if stop.is_set():
+                        return False
+                    left = self._last_used + quiet_s - time.monotonic()
+                    if not self._waiting and left <= 0:
+                        break
+                    self._cond.wait(None if self._waiting else left)
             self._lock.acquire()
             with self._cond:
-                if not self._waiting:
+                if not self._waiting and time.monotonic() - self._last_used >= quiet_s:
                     break
-            self._lock.release()  # a caller came in between: it goes first
-        try:
-            yield
-        finally:
-            self._lock.release()
+            self._lock.release()  # a caller came in between, or has just let go: it goes first
+        self._stepping = threading.get_ident()
+        return True
+
+    def end_step(self) -> None:
+        self._stepping = None
+        self._lock.release()
+
+    def wake(self) -> None:
+        """Make a background step waiting in `begin_step` look at its stop event now."""
+        with self._cond:
+            self._cond.notify_all()
 
 
 class Runner:
@@ -112,7 +132,7 @@ class Runner:
     def __init__(self, devices: Sequence[str | Device] | None = None, n_threads: int | None = None,
                  moe: bool = False):
         #: held by every call that uses the scheduler or the backends; the model's background
-        #: preparation takes it only while nobody waits for it (`YieldingLock.when_idle`)
+        #: preparation takes it only while nobody uses or waits for it (`YieldingLock.begin_step`)
         self.lock = YieldingLock()
         self.devices = resolve_devices(devices)
         if not self.devices:
