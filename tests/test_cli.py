@@ -348,3 +348,20 @@ def test_main_installs_the_notice_only_while_a_command_runs(monkeypatch):
     assert cli.main(["boom"]) == 0
     assert isinstance(seen[0], cli.CompileNotice)
     assert progress.set_listener(before) is before
+
+
+@pytest.mark.parametrize("argv, status", [(["--version"], 0), (["bench", "--bogus"], 2), (["devices", "--json"], 0)])
+def test_the_executable_ends_with_mains_status_and_its_output_flushed(argv, status):
+    """`cli.console` (the `ggx` executable) skips the interpreter's teardown: the status is
+    main's and what was printed arrives whole through a pipe."""
+    import subprocess
+
+    code = "from ggx import cli; cli.console()"
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    assert out.returncode == status, out.stderr[-2000:]
+    if argv == ["devices", "--json"]:
+        assert json.loads(out.stdout)["ggx_version"] == ggx.__version__
+    elif argv == ["--version"]:
+        assert out.stdout.strip() == f"ggx {ggx.__version__}"
+    else:
+        assert "unrecognized arguments: --bogus" in out.stderr

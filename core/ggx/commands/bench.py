@@ -78,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     model.eval([0])  # one token: what "start" measures
     model.reset()
     start_s = process_seconds()
-    if tests != [("tg", 1)]:  # one token alone is the start-up run (-p 0 -n 1): it exits at once
+    if tests == [("tg", 1)] and not args.profile:
+        model.stop_preparing()  # the start-up run (-p 0 -n 1): one more token, then it exits
+    else:
         model.wait_prepared()  # the prompt buckets' background preparation stays out of the timings
     if longest > model.n_ctx:
         raise GGXContextOverflow(f"bench: a test of {longest} tokens does not fit the model's context of "
