@@ -376,6 +376,7 @@ def test_llama_model_on_the_async_device_matches_the_reference(tiny_llama):
 
     dev = TestDevice("llama-async")
     m = load_model(tiny_llama, devices=[dev, RefDevice()], tensor_split=[1, 0])  # every layer on dev, none on ref
+    assert m.wait_prepared(120)  # the scheduler's statistics below are the test's graphs only
     # weights in device memory, but the token embedding (host memory, as llama.cpp keeps tok_embd)
     assert all(not w.data_buffer.is_host for n, w in m.weights.items() if n != "token_embd.weight")
     np.testing.assert_allclose(m.forward(prompt), want, rtol=1e-4, atol=1e-4)
