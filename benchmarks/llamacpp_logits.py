@@ -30,8 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+# the sibling script, without leaving benchmarks/ on the path (its ray.py would shadow Ray's package)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_llama import Dims, write  # noqa: E402
+
+sys.path.pop(0)
 
 from ggx.models.gguf_file import GGUFFile  # noqa: E402
 from ggx.types import GType  # noqa: E402

@@ -6,13 +6,13 @@ all-ones factors change nothing; a wrong tensor is refused by name."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_modules import load_benchmark
 from gguf_synth import write_tiny_llama
 from numpy_model import numpy_logits
 
@@ -23,17 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sched_device import TestDevice  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "llama_rope_freqs.npz"
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _llamacpp_logits_module():
-    """benchmarks/llamacpp_logits.py: the kept reference's format and issue 32's bounds."""
-    spec = importlib.util.spec_from_file_location("llamacpp_logits", BENCHMARKS / "llamacpp_logits.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCHMARKS))
-    spec.loader.exec_module(mod)
-    return mod
-
 N_PAIRS = 8  # n_rot / 2 of the tiny llama (64 / 4 heads = 16 dims)
 
 
@@ -138,7 +127,7 @@ def test_factors_that_are_not_positive_numbers_are_refused(tmp_path, value):
 def test_logits_match_llama_cpp(scaled_llama, tiny_llama):
     """ggx-cpu on the scaled file against llama.cpp's logits of the same file (issue 32's bounds);
     the same weights without the factors break those bounds (the data can tell)."""
-    lc = _llamacpp_logits_module()
+    lc = load_benchmark("llamacpp_logits")
     ref, digests = lc.load(DATA)
     assert ref.ids.tolist() == LLAMACPP_IDS
     f = GGUFFile(str(scaled_llama))
@@ -155,7 +144,7 @@ def make_reference(llama_logits: str) -> None:
     """llama.cpp's logits of the tiny scaled llama (written as the test writes it), kept in DATA."""
     import tempfile
 
-    lc = _llamacpp_logits_module()
+    lc = load_benchmark("llamacpp_logits")
     with tempfile.TemporaryDirectory() as d:
         path = write_tiny_llama(Path(d) / "scaled.gguf", rope_freqs=llama3_factors())
         out = Path(d) / "logits.f32"

@@ -12,29 +12,16 @@ needed here.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_modules import load_benchmark
 from weight_bufts import host_weight_bufts, only_weight_bufts
 
 from ggx.models import GGUFFile, load_model
 from ggx.models.weights import representative_op
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _bench_module(name: str):
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-lc = _bench_module("llamacpp_logits")
+lc = load_benchmark("llamacpp_logits")
 # by type, then architecture: files of one type share their token embedding (encoded once)
 CASES = sorted((p.stem for p in lc.DATA.glob("*.npz")), key=lambda c: (c.split("_", 1)[1], c))
 
