@@ -119,9 +119,10 @@ def run(args: argparse.Namespace) -> int:
         n_tokens = args.tokens or 1
         model = load_model(None if args.model == "default" else args.model, names, n_ctx=max(KV_PAD, n_tokens),
                            warmup=False)  # drawn, not run: no graph needs getting ready
-        graph, title = model_graph(model, args.layers, n_tokens)
-        sched = model.runner.sched
-        sched.alloc_graph(graph)
+        with model.runner.lock:  # the model's scheduler, held as every call of the model holds it
+            graph, title = model_graph(model, args.layers, n_tokens)
+            sched = model.runner.sched
+            sched.alloc_graph(graph)
     return _write(args, sched, graph, title)
 
 
