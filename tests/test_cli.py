@@ -186,7 +186,7 @@ def test_usage_errors_exit_2(capsys):
 
 def test_console_script_is_declared():
     (ep,) = importlib_metadata.entry_points(group="console_scripts", name="ggx")
-    assert ep.value == "ggx.cli:main" and ep.load() is cli.main
+    assert ep.value == "ggx.cli:console" and ep.load() is cli.console
 
 
 def test_devices_reads_well_at_80_columns(capsys, monkeypatch):
