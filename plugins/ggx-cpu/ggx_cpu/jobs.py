@@ -7,8 +7,9 @@ that reaches into numba's internals.
 - `job(kernel, args, parts)`: a *job*, an int64 array [function, parts, stash] that compiled
   code runs (`pool`): the arguments stored once in their compiled form (numba's native structs,
   holding a reference to each array: the *stash*) and a `cfunc` thunk per kernel and argument
-  types that reads them back and calls `kernel(part, parts, *args)` (a split kernel) or
-  `kernel(*args)` (parts 0: a one-thread kernel). A call unboxes nothing.
+  types that reads them back (lending the arrays uncounted: `_borrowed`) and calls
+  `kernel(part, parts, *args)` (a split kernel) or `kernel(*args)` (parts 0: a one-thread
+  kernel). A call unboxes nothing.
 - `region(kernel, n_args)`: a split kernel's parts as one numba parallel region: part -1, then
   parts 0..parts-1 over the region's threads (`prange`), then part `parts`;
   `set_region_threads(n)` before it runs.
@@ -174,22 +175,38 @@ def _store_args(typingctx, address, value):
     return types.void(address, value), codegen
 
 
+def _borrowed(context, builder, ty, value):
+    """`value` of type `ty` with each array in it borrowed: its meminfo pointer null, so the
+    kernel's reference counting of it does nothing. Two threads running parts of one job would
+    otherwise increment and decrement the same arrays' counts at every call inside the kernel
+    (numba counts references atomically), a cache line bouncing between the cores at each of
+    thousands of calls a product. The job holds the references while any part runs."""
+    if isinstance(ty, types.Array):
+        arr = context.make_array(ty)(context, builder, value=value)
+        arr.meminfo = context.get_constant_null(types.MemInfoPointer(ty.dtype))
+        return arr._getvalue()
+    if isinstance(ty, types.BaseTuple):
+        for i, t in enumerate(ty):
+            value = builder.insert_value(value, _borrowed(context, builder, t, builder.extract_value(value, i)), i)
+        return value
+    context.nrt.incref(builder, ty, value)  # another counted type: a new reference, released by the caller's scope
+    return value
+
+
 def _loader(owned: bool):
     def load(typingctx, address, tyref):
         ty = tyref.instance_type if isinstance(tyref, types.TypeRef) else tyref
 
         def codegen(context, builder, sig, args):
             value = builder.load(builder.inttoptr(args[0], context.get_value_type(ty).as_pointer()))
-            if not owned:  # a new reference, released when the caller's scope ends
-                context.nrt.incref(builder, ty, value)
-            return value
+            return value if owned else _borrowed(context, builder, ty, value)
 
         return ty(address, tyref), codegen
 
     return intrinsic(load)
 
 
-#: the arguments stored at an address, as a new reference (a job function's read)
+#: the arguments stored at an address, borrowed (a job function's read: `_borrowed`)
 _load_args = _loader(owned=False)
 #: the same, taking over the stored references (the job's release)
 _take_args = _loader(owned=True)
@@ -219,7 +236,7 @@ def _job_function(kernel, args_type: types.Type, split: bool) -> int:
     `kernel(part, parts, *args)` (split) or `kernel(*args)` with the arguments stored for the job:
     a `cfunc` per kernel and argument types, compiled once, then loaded from numba's disk cache
     (named after the kernel with a digest of the types: one cfunc has one signature)."""
-    digest = hashlib.sha1(f"{args_type}|{split}".encode()).hexdigest()[:16]
+    digest = hashlib.sha1(f"{args_type}|{split}|{THUNK_FORM}".encode()).hexdigest()[:16]
     thunk = _copy(_split_thunk if split else _plain_thunk, kernel, f"ggx_job_{kernel.py_func.__name__}_{digest}",
                   {"KERNEL": kernel, "ARGS_TYPE": args_type})
     with progress.compiling(f"CPU kernels for {isa.active()}"):  # cfunc compiles (or loads) here
@@ -228,6 +245,9 @@ def _job_function(kernel, args_type: types.Type, split: bool) -> int:
     return fn.address
 
 
+#: the thunks' form, part of their cache names: numba keys a cache by the kernel's file alone, so a
+#: thunk whose code here changed would otherwise load the old one from disk
+THUNK_FORM = 2
 _JOB_FUNCTIONS: list = []
 #: (kernel id, split, argument type ids) -> (kernel, argument types: kept so no id is reused,
 #: their tuple type, the job function's address, the entry storing them, the words they take)
