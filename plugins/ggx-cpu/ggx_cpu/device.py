@@ -13,8 +13,9 @@ and answering supports_op stay cheap.
   the kernels take (ggml_backend_cpu_device_supports_op).
 - graph_compute binds every node's launch (view ops skipped) before running any and keeps the
   launches of a graph computed again (`launches`): an op whose src[0] lives in an extra buffer
-  type gets that type's `prepare_forward`, else the kernel table's wrapper. Each kernel is one
-  numba call, a parallel region when it runs on n_threads > 1.
+  type gets that type's `prepare_forward`, else the kernel table's wrapper. A kernel on one
+  thread is one numba call; on n_threads it is a split kernel run by the worker pool
+  (`plan_for`).
 """
 from __future__ import annotations
 
@@ -110,17 +111,6 @@ def _extra_of(buft: BufferType | None, device: Device) -> bool:
     return isinstance(buft, ExtraBufferType) and buft.device is device
 
 
-def _tokens(node: Tensor) -> int:
-    """The tokens a node's work is for: a product's activation columns, attention's queries."""
-    if node.op is Op.FLASH_ATTN_EXT:
-        q = node.src[0]
-        return q.ne[1] * q.ne[3]
-    if node.op in (Op.MUL_MAT, Op.MUL_MAT_ID):
-        b = node.src[1]
-        return b.ne[1] * b.ne[2] * b.ne[3]
-    return node.ne[1] * node.ne[2] * node.ne[3]
-
-
 # --- the contracts ------------------------------------------------------------------------------
 class CpuBackend(Backend):
     """One synchronous execution stream on the CPU: graph_compute returns when the work is done."""
@@ -152,16 +142,18 @@ class CpuBackend(Backend):
         work = node.src[1] if op_id == _SET_ROWS_ID and len(node.src) > 1 else node
         return 1 if work.nelements < SMALL_OP_ELEMENTS else self.n_threads
 
-    def plan_for(self, node: Tensor) -> bool:
+    def plan_for(self, node: Tensor) -> int:
         """How `node`'s split kernels run (the one place that decides): as jobs of the worker pool
-        (True) for one token's work, else as one parallel region over their parts. A decode step
-        runs ~150 such launches of a few to a few hundred microseconds: a region's fork and join
-        costs more than many of them, and it waits at every launch for each of its threads, a
-        descheduled one included, while a job never waits for a worker that has not started its
-        part. A batch's launches are few against their work, which a region shares out evenly."""
+        on n_threads threads (the number returned), or (0, the workers off or one thread) as one
+        numba parallel region over their parts. Every node goes to the pool: a region waits at
+        every launch for each of its threads, a descheduled one included (one busy process on
+        the machine cut a 32-token prompt to 1-3 % of its quiet speed), while a job never waits
+        for a worker that has not started a part, and a batch's kernels split in several parts a
+        thread (`kernels.common.split_parts`) share out by who is running. A decode step's ~150
+        short launches gain most: a region's fork and join costs more than many of them."""
         from . import pool
 
-        return self.n_threads > 1 and _tokens(node) == 1 and pool.enabled()
+        return self.n_threads if self.n_threads > 1 and pool.enabled() else 0
 
     def launch_for(self, node: Tensor) -> Launch | None:
         """Validate `node` and bind its kernel (None for a node with nothing to run): its src[0]'s

@@ -10,6 +10,7 @@ that reaches into numba's internals.
   types that reads them back (lending the arrays uncounted: `_borrowed`) and calls
   `kernel(part, parts, *args)` (a split kernel) or `kernel(*args)` (parts 0: a one-thread
   kernel). A call unboxes nothing.
+- `row_split(kernel, n_args)`: the split kernel of a row kernel `kernel(r0, r1, *args)`.
 - `region(kernel, n_args)`: a split kernel's parts as one numba parallel region: part -1, then
   parts 0..parts-1 over the region's threads (`prange`), then part `parts`;
   `set_region_threads(n)` before it runs.
@@ -120,6 +121,24 @@ def region(kernel, n_args: int):
     fn = namespace[name]
     fn.__module__ = kernel.py_func.__module__
     return njit(cache=True, parallel=True)(fn)
+
+
+@functools.cache
+def row_split(kernel, n_args: int):
+    """The split kernel `split(part, parts, r0, r1, *args)` (for `n_args` arguments) of a row
+    kernel `kernel(r0, r1, *args)` (rows r0..r1-1): part p runs its contiguous share of the rows,
+    no prologue or epilogue. One row kernel then serves one thread, the worker pool and a region."""
+    name = f"ggx_rows_{kernel.py_func.__name__}_{n_args}"
+    args = ", ".join(f"a{i}" for i in range(n_args))
+    source = (f"def {name}(part, parts, r0, r1, {args}):\n"
+              f"    if 0 <= part < parts:\n"
+              f"        n = r1 - r0\n"
+              f"        KERNEL(r0 + part * n // parts, r0 + (part + 1) * n // parts, {args})\n")
+    namespace = {"KERNEL": kernel}
+    exec(compile(source, kernel.py_func.__code__.co_filename, "exec"), namespace)
+    fn = namespace[name]
+    fn.__module__ = kernel.py_func.__module__
+    return njit(cache=True)(fn)
 
 
 def _copy(template, kernel, name: str, globals_: dict):

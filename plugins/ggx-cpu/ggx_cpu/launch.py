@@ -10,10 +10,10 @@ kernels, bound once (validation, layout checks and numba's argument typing paid 
   part -1 is its prologue (quantizing the activations every part reads), parts 0..parts-1 its
   work, part `parts` its epilogue (merging partial results). It does not say how it runs: the
   backend decides, per node, in one place (`CpuBackend.plan_for`), and `planned(launch,
-  workers)` binds it either as a job of the worker pool (`JobLaunch`: the parts run by the
-  caller and the pool's workers, `pool`) or as one compiled region over the parts (a
-  `RegionLaunch` of `jobs.region(kernel)`). A split of one part is always a job (one call on the
-  caller's thread, no region to start).
+  threads)` binds it either as a job of the worker pool on `threads` threads (`JobLaunch`: the
+  parts claimed by the caller and threads - 1 workers, `pool`) or, for threads 0, as one
+  compiled region over the parts (a `RegionLaunch` of `jobs.region(kernel)`). A split of one
+  part is always a job (one call on the caller's thread, no region to start).
 - `Deferred(fn, *args)`: a launch made anew at every compute (MUL_MAT_ID's columns depend on
   the ids' values), planned like the launches it makes.
 
@@ -56,11 +56,12 @@ def steps_of(f: Launch) -> list[Step]:
     return steps() if steps is not None else [Step(None, None, f)]
 
 
-def planned(f: Launch, workers: bool) -> Launch:
-    """`f` with its split kernels bound as jobs of the worker pool (workers) or as parallel
-    regions (the backend's choice, `CpuBackend.plan_for`); other launches as they are."""
+def planned(f: Launch, threads: int) -> Launch:
+    """`f` with its split kernels bound as jobs of the worker pool on `threads` threads (the
+    caller's included), or for 0 as parallel regions (the backend's choice, `CpuBackend.plan_for`);
+    other launches as they are."""
     plan = getattr(f, "planned", None)
-    return plan(workers) if plan is not None else f
+    return plan(threads) if plan is not None else f
 
 
 # --- one-thread kernels and parallel regions -------------------------------------------------------------
@@ -169,8 +170,8 @@ class InOrder:
     def steps(self) -> list[Step]:
         return [s for f in self.launches for s in steps_of(f)]
 
-    def planned(self, workers: bool) -> InOrder:
-        return InOrder(tuple(planned(f, workers) for f in self.launches))
+    def planned(self, threads: int) -> InOrder:
+        return InOrder(tuple(planned(f, threads) for f in self.launches))
 
 
 def in_order(*launches: Launch) -> Launch:
@@ -182,21 +183,21 @@ class Deferred:
     """A launch made at every compute, `fn(*args)` (a data-dependent one: MUL_MAT_ID's columns
     grouped by the ids' values), then run, planned as the backend planned this one."""
 
-    __slots__ = ("fn", "args", "workers")
+    __slots__ = ("fn", "args", "threads")
 
-    def __init__(self, fn: Callable[..., Launch], *args, workers: bool = False):
-        self.fn, self.args, self.workers = fn, args, workers
+    def __init__(self, fn: Callable[..., Launch], *args, threads: int = 0):
+        self.fn, self.args, self.threads = fn, args, threads
 
     def __call__(self) -> None:
-        planned(self.fn(*self.args), self.workers)()
+        planned(self.fn(*self.args), self.threads)()
 
-    def planned(self, workers: bool) -> Deferred:
-        return Deferred(self.fn, *self.args, workers=workers)
+    def planned(self, threads: int) -> Deferred:
+        return Deferred(self.fn, *self.args, threads=threads)
 
 
 # --- split kernels --------------------------------------------------------------------------------------
 class SplitLaunch:
-    """`kernel(part, parts, *args)` in `parts` parts, not yet planned: `planned(workers)` binds it
+    """`kernel(part, parts, *args)` in `parts` parts, not yet planned: `planned(threads)` binds it
     as a job of the worker pool or as one parallel region over its parts (see the module
     docstring). Called unplanned (outside a backend) it runs as the region."""
 
@@ -208,22 +209,22 @@ class SplitLaunch:
         self.kernel, self.args, self.parts = kernel, args, parts
         self._region: Launch | None = None
 
-    def planned(self, workers: bool) -> Launch:
-        """A job of the pool (workers, or one part), else the region (also for more parts than
-        the pool has slots: pool.MAX_PARTS)."""
-        if self.parts == 1 or (workers and self.parts <= pool.MAX_PARTS):
-            return JobLaunch(self.kernel, self.args, self.parts)
+    def planned(self, threads: int) -> Launch:
+        """A job of the pool on `threads` threads (or of one part), else (0) the region (also for
+        more parts than a job takes: pool.MAX_PARTS)."""
+        if self.parts == 1 or (threads > 0 and self.parts <= pool.MAX_PARTS):
+            return JobLaunch(self.kernel, self.args, self.parts, threads)
         region = jobs.region(self.kernel, len(self.args))
         args = (self.parts, *self.args)
         return RegionLaunch(jobs.region_threads(self.parts), entry_for(region, args), args)
 
     def __call__(self) -> None:
         if self._region is None:
-            self._region = self.planned(False)
+            self._region = self.planned(0)
         self._region()
 
     def steps(self) -> list[Step]:
-        return steps_of(self.planned(False))
+        return steps_of(self.planned(0))
 
 
 def split(kernel, *args, parts: int) -> SplitLaunch:
@@ -232,18 +233,19 @@ def split(kernel, *args, parts: int) -> SplitLaunch:
 
 
 class JobLaunch:
-    """A split kernel as a job of the worker pool: part -1 on the caller, parts 0..parts-1 by the
-    caller and the workers, part `parts` on the caller (`pool`). With the workers off
-    ($GGX_CPU_WORKERS=0) every part runs on the caller's thread."""
+    """A split kernel as a job of the worker pool: part -1 on the caller, parts 0..parts-1 claimed
+    by the caller and the pool's workers (at least threads - 1 of them started), part `parts` on
+    the caller (`pool`). With the workers off ($GGX_CPU_WORKERS=0) every part runs on the
+    caller's thread."""
 
     __slots__ = ("job", "ctrl", "entry")
 
-    def __init__(self, kernel, args: tuple, parts: int):
+    def __init__(self, kernel, args: tuple, parts: int, threads: int = 1):
         if not 1 <= parts <= pool.MAX_PARTS:
             raise GGXValueError(f"a job has 1..{pool.MAX_PARTS} parts, got {parts}")
         p = pool.pool()
-        if parts > 1 and pool.enabled():
-            p.ensure(parts)
+        if parts > 1 and threads > 1 and pool.enabled():
+            p.ensure(min(parts, threads))
         self.job = jobs.job(kernel, args, parts)
         self.ctrl = p.ctrl
         self.entry = entry(pool.run, (typeof(self.ctrl), typeof(self.job)))

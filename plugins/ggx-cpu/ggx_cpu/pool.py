@@ -13,10 +13,13 @@ GIL-free loops) spin on a shared control block, and a job is published with a re
 claimed with a compare-and-swap.
 
 A job runs on the caller's thread: part -1 (a prologue: quantizing the activations every part
-reads), then it publishes the job, runs part 0, claims every part no worker has claimed yet and
-waits for the ones a worker runs, then part `parts` (an epilogue: merging partial results). So a
-job always completes on the caller's thread alone if no worker comes (none started yet, asleep,
-or the pool busy with another thread's job): no call ever waits on a worker that has not started its part.
+reads), then it publishes the job; the caller and every awake worker claim its parts one at a
+time from a shared counter (ggml's chunk counter) and run them, the caller waits for the parts a
+worker claimed, then runs part `parts` (an epilogue: merging partial results). So a job always
+completes on the caller's thread alone if no worker comes (none started yet, asleep, descheduled
+by a busy machine, or the pool busy with another thread's job): no call ever waits on a worker
+that has not started its part, and a job split in more parts than threads shares them out by
+who is running.
 
 Workers spin (~0.2 ms), then yield the CPU a few hundred times, then sleep on a futex that the
 next caller to publish a job wakes: a sleeping worker takes no CPU from the parallel regions of a
@@ -48,25 +51,43 @@ from .jobs import JOB_FN, JOB_PARTS, address_of, call_job, job_word
 
 #: slots of the control block (int64), shared by the caller and the workers, each on its own
 #: 64-byte line: the published job's generation (a sequence lock: odd while the caller writes
-#: JOB and NPARTS, the job's even generation after), its array and part count, the caller's lock,
-#: stop, the sleeping workers' count and the futex word they sleep on. Each part's owner (the
-#: generation that claimed it) and done (the generation it finished) share a line.
-GEN, JOB, NPARTS, LOCK, STOP, SLEEPING, WAKE = 0, 8, 9, 16, 24, 32, 40
-PART0 = 48
-#: the most parts a job may have (a worker per part but the first)
-MAX_PARTS = 64
+#: JOB, NPARTS and NEXT, the job's even generation after), its array and part count, the caller's
+#: lock, stop, the sleeping workers' count and the futex word they sleep on, the next unclaimed
+#: part (tagged with its job's generation: `_claim`) and the count of parts done.
+GEN, JOB, NPARTS, LOCK, STOP, SLEEPING, WAKE, NEXT, DONE = 0, 8, 9, 16, 24, 32, 40, 48, 56
+CTRL_WORDS = 64
+#: the most parts a job may have (a split in more runs as a region)
+MAX_PARTS = 1 << 16
+#: NEXT holds (generation & TAG_MASK) << PART_BITS | next part
+PART_BITS = 24
+TAG_MASK = (1 << 38) - 1
 
 SPIN_ROUNDS = 40000  # pause instructions (~25 ns each here, ~1 ms: the gap between decode steps) before yielding
 YIELD_ROUNDS = 256  # sched_yield calls before it sleeps on the futex
+WAIT_SPINS = 4000  # pauses a caller spins on a worker's part (~0.1 ms) before yielding its core
 
 
 # --- the two sides -------------------------------------------------------------------------------------
+@njit(cache=True, nogil=True, inline="always")
+def _claim(ctrl, g, parts):
+    """Claim the next unclaimed part of generation g's job: its number, or -1 when every part is
+    claimed or g's job is over (NEXT carries a newer tag). A claim that succeeds is of a live job:
+    g's caller returns only after every part is claimed and done."""
+    tag = (g & TAG_MASK) << PART_BITS
+    while True:
+        v = load_acquire(ctrl, NEXT)
+        k = v & ((1 << PART_BITS) - 1)
+        if v - k != tag or k >= parts:
+            return -1
+        if compare_and_swap(ctrl, NEXT, v, v + 1):
+            return k
+
+
 @njit(cache=True, nogil=True)
 def _worker(ctrl, part):
-    """Worker `part` (1..): run that part of every job published, until STOP."""
+    """Worker `part` (1..): run parts of every job published, until STOP."""
     last = load_acquire(ctrl, GEN)
     idle = 0
-    owner = PART0 + 8 * part
     while load_acquire(ctrl, STOP) == 0:
         g = load_acquire(ctrl, GEN)
         if g == last or g % 2 == 1:
@@ -88,14 +109,13 @@ def _worker(ctrl, part):
             continue
         last = g
         idle = 0
-        # job and parts are generation g's. Part `part` is unclaimed while its owner is an older
-        # generation, and g's caller does not finish (its job stays alive) before every one of
-        # its parts is claimed: a claim that succeeds is of a live job. Nothing of the job is
-        # read before that (it may be gone when g's caller ran every part itself).
-        o = load_acquire(ctrl, owner)
-        if part < parts and o < g and compare_and_swap(ctrl, owner, o, g):
-            call_job(job_word(job, JOB_FN), job, part, parts)
-            store_release(ctrl, owner + 1, g)
+        # job and parts are generation g's; nothing of the job is read before a claim succeeds
+        # (it may be gone when g's caller ran every part itself)
+        k = _claim(ctrl, g, parts)
+        while k >= 0:
+            call_job(job_word(job, JOB_FN), job, k, parts)
+            fetch_add(ctrl, DONE, 1)
+            k = _claim(ctrl, g, parts)
     return idle
 
 
@@ -113,21 +133,28 @@ def _run_job(ctrl, job):
             call_job(fn, job, k, parts)
         call_job(fn, job, parts, parts)
         return
-    fetch_add(ctrl, GEN, 1)  # odd: publishing
+    g = fetch_add(ctrl, GEN, 1) + 2  # odd: publishing generation g
     store_release(ctrl, JOB, job)
     store_release(ctrl, NPARTS, parts)
-    g = fetch_add(ctrl, GEN, 1) + 1  # even: generation g is published
+    store_release(ctrl, DONE, 0)
+    store_release(ctrl, NEXT, (g & TAG_MASK) << PART_BITS)
+    fetch_add(ctrl, GEN, 1)  # even: generation g is published
     if load_seq_cst(ctrl, SLEEPING) > 0:  # a worker that went to sleep before seeing g
         wake(ctrl)
-    call_job(fn, job, 0, parts)
-    for k in range(1, parts):
-        owner = PART0 + 8 * k
-        o = load_acquire(ctrl, owner)
-        if o < g and compare_and_swap(ctrl, owner, o, g):
-            call_job(fn, job, k, parts)
-        else:
-            while load_acquire(ctrl, owner + 1) != g:
-                pause()
+    mine = 0
+    k = _claim(ctrl, g, parts)
+    while k >= 0:
+        call_job(fn, job, k, parts)
+        mine += 1
+        k = _claim(ctrl, g, parts)
+    fetch_add(ctrl, DONE, mine)
+    waited = 0
+    while load_acquire(ctrl, DONE) != parts:  # parts a worker claimed and runs
+        waited += 1
+        if waited < WAIT_SPINS:
+            pause()
+        else:  # that worker lost its core (a busy machine): give it ours rather than spin
+            sched_yield()
     store_release(ctrl, LOCK, 0)
     call_job(fn, job, parts, parts)
 
@@ -158,21 +185,20 @@ def wake(ctrl):
 
 # --- the pool ------------------------------------------------------------------------------------------
 class WorkerPool:
-    """The process's workers: part k of every job runs on worker k (1 <= k < parts) when it is
-    awake, else on the caller. Started on first use, stopped at exit, renewed after a fork."""
+    """The process's workers: each awake worker claims parts of every job published, as the
+    caller does. Started on first use, stopped at exit, renewed after a fork."""
 
     def __init__(self) -> None:
-        self.ctrl = np.zeros(PART0 + 8 * MAX_PARTS, np.int64)
+        self.ctrl = np.zeros(CTRL_WORDS, np.int64)
         self.threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
-    def ensure(self, parts: int) -> None:
-        """Start workers 1..parts-1 that are not running."""
-        parts = min(parts, MAX_PARTS)
-        if len(self.threads) + 1 >= parts:
+    def ensure(self, threads: int) -> None:
+        """Start workers 1..threads-1 that are not running."""
+        if len(self.threads) + 1 >= threads:
             return
         with self._lock:
-            while len(self.threads) + 1 < parts:
+            while len(self.threads) + 1 < threads:
                 t = threading.Thread(target=_worker_main, args=(self.ctrl, len(self.threads) + 1), daemon=True,
                                      name=f"ggx-cpu worker {len(self.threads) + 1}")
                 t.start()

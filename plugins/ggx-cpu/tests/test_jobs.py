@@ -39,7 +39,7 @@ def _lend(part, parts, a, seen):
 
 def test_a_job_lends_its_arrays_uncounted():
     a, seen = np.zeros(2, np.int64), np.full(2, -1, np.int64)
-    run = split(_lend, a, seen, parts=2).planned(True)
+    run = split(_lend, a, seen, parts=2).planned(2)
     run()
     assert seen.tolist() == [0, 0]
     assert a.tolist() == [1, 1]

@@ -66,7 +66,7 @@ def run_kernel(gtype: GType, M: int, K: int, n_cols: list[int], seed: int = 0, n
     ocol = rng.permutation(N).astype(np.int64)
     out = np.full(N * M + 8, np.float32(1e30))  # unwritten outputs show; the tail must stay untouched
     numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
-    float_mm(w, wg, wrs, M, y.reshape(-1), K, cstart, ycol, ocol, out)
+    float_mm(0, 1, w, wg, wrs, M, y.reshape(-1), K, cstart, ycol, ocol, out)
     assert np.all(out[N * M:] == np.float32(1e30)), "kernel wrote past the last output row"
     ref = np.empty((N, M))
     for g in range(G):
@@ -125,10 +125,10 @@ def test_gemm_agrees_with_gemv_and_threads_are_deterministic():
     i64 = np.int64
     cols = np.arange(9, dtype=i64)
     many = np.zeros(9 * 37, np.float32)
-    float_mm(w, np.zeros(1, i64), 300, 37, y.reshape(-1), 300, np.array([0, 9], i64), cols, cols, many)
+    float_mm(0, 1, w, np.zeros(1, i64), 300, 37, y.reshape(-1), 300, np.array([0, 9], i64), cols, cols, many)
     for c in range(9):
         alone = np.zeros(37, np.float32)
-        float_mm(w, np.zeros(1, i64), 300, 37, y.reshape(-1), 300, np.array([0, 1], i64),
+        float_mm(0, 1, w, np.zeros(1, i64), 300, 37, y.reshape(-1), 300, np.array([0, 1], i64),
                  np.array([c], i64), np.array([0], i64), alone)
         np.testing.assert_allclose(many.reshape(9, 37)[c], alone, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(alone, wv @ y[c].astype(np.float64), rtol=1e-4, atol=1e-4)
@@ -144,7 +144,7 @@ def test_f16_conversion_is_exact_for_subnormal_and_extreme_halves():
     cols = np.arange(K, dtype=np.int64)
     for n in (1, K):  # gemv (converted in registers) and gemm (converted rows)
         out = np.zeros(K * 2, np.float32)
-        float_mm(w.reshape(-1), np.zeros(1, np.int64), K, 2, eye.reshape(-1), K,
+        float_mm(0, 1, w.reshape(-1), np.zeros(1, np.int64), K, 2, eye.reshape(-1), K,
                  np.array([0, n], np.int64), cols[:n], cols[:n], out)
         got = out.reshape(K, 2)[:n]
         np.testing.assert_array_equal(got[:, 0], special[:n].astype(np.float32))

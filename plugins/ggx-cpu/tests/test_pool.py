@@ -22,7 +22,7 @@ from ggx_cpu.launch import JobLaunch
 
 def parallel_launch(kernel, *args, parts: int):
     """The split kernel as a job of the worker pool (what the backend plans for one token)."""
-    return split(kernel, *args, parts=parts).planned(True)
+    return split(kernel, *args, parts=parts).planned(parts)
 
 
 @njit
@@ -167,13 +167,22 @@ def test_the_job_holds_its_arrays_until_released():
     assert sys.getrefcount(a) < held
 
 
+@pytest.mark.parametrize("parts", [3, 8, 33])
+def test_more_parts_than_threads_each_run_once(parts):
+    """Parts are claimed from one counter by whoever runs: a job of many parts on two threads."""
+    for _ in range(200):
+        a, seen = np.zeros(1000, np.int64), np.zeros(2, np.int64)
+        split(_count, a, seen, 7, parts=parts).planned(2)()
+        _check(a, seen)
+
+
 def test_parts_out_of_range():
     with pytest.raises(GGXValueError, match="at least 1 part"):
         split(_count, np.zeros(1, np.int64), np.zeros(2, np.int64), 7, parts=0)
     with pytest.raises(GGXValueError, match="parts"):
         JobLaunch(_count, (np.zeros(1, np.int64), np.zeros(2, np.int64), 7), pool.MAX_PARTS + 1)
     a, seen = np.zeros(100, np.int64), np.zeros(2, np.int64)
-    split(_count, a, seen, 7, parts=pool.MAX_PARTS + 1).planned(True)()  # more parts than slots: a region
+    split(_count, a, seen, 7, parts=pool.MAX_PARTS + 1).planned(2)()  # more parts than slots: a region
     _check(a, seen)
 
 
@@ -181,7 +190,7 @@ def test_parts_out_of_range():
 def test_the_same_split_as_a_parallel_region(parts):
     """Planned for a batch (or called outside a backend), a split kernel runs its parts in one
     numba parallel region: prologue, each part once, epilogue."""
-    for workers in (False, None):
+    for workers in (0, None):
         a, seen = np.zeros(100, np.int64), np.zeros(2, np.int64)
         f = split(_count, a, seen, 7, parts=parts)
         (f if workers is None else f.planned(workers))()

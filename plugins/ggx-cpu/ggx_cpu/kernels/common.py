@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import weakref
 
-import numba
 import numpy as np
 
 from ggx.backend import Buffer, Launch
@@ -26,11 +25,11 @@ from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from ..jobs import entry, typeof
-from ..launch import IndexCheck, bind_entry, in_order, launch, nothing
+from ..jobs import row_split
+from ..launch import IndexCheck, in_order, launch, nothing, split
 
 __all__ = ["Launch", "in_order", "launch", "nothing", "elems", "host_bytes", "index_check", "rows_launch",
-           "need_type", "need_ne", "need_rows", "need_srcs", "ELEM_DTYPES"]
+           "split_parts", "need_type", "need_ne", "need_rows", "need_srcs", "ELEM_DTYPES"]
 
 #: numpy element type a kernel sees for each element type (F16/BF16 as raw bits).
 ELEM_DTYPES = {GType.F32: np.float32, GType.F16: np.uint16, GType.BF16: np.uint16,
@@ -166,16 +165,25 @@ def index_check(t: Tensor, role: str, op: str, bound: int) -> Launch:
     return IndexCheck(t, role, op, bound, arr, off, st, ne)
 
 
-def rows_launch(serial, parallel, n_threads: int, ne: Int4, *args) -> Launch:
-    """A row kernel over the ne1*ne2*ne3 rows of `ne`: `serial(0, n_rows, *args)` on one thread
-    (no parallel region to start: ~0.3 us against 3-9 us), else `parallel(n_chunks, n_rows, *args)`,
-    which hands each of n_threads threads one contiguous chunk of rows to `serial`."""
+#: parts per thread of a batch's split kernels: on a busy machine a thread descheduled in the
+#: middle of a part holds up the launch by that part only, and the others claim the rest
+PARTS_PER_THREAD = 4
+
+
+def split_parts(n_threads: int, n_items: int) -> int:
+    """How many parts a split kernel over `n_items` (activation columns, rows) takes: one per
+    thread for one item (a decode token's product: its parts already are short), else
+    PARTS_PER_THREAD per thread, at most one per item."""
+    if n_threads <= 1 or n_items <= 1:
+        return max(1, n_threads)
+    return max(1, min(n_items, PARTS_PER_THREAD * n_threads))
+
+
+def rows_launch(kernel, n_threads: int, ne: Int4, *args) -> Launch:
+    """A row kernel `kernel(r0, r1, *args)` over the ne1*ne2*ne3 rows of `ne`: one call on one
+    thread, else split in `split_parts` parts (`jobs.row_split`), which the backend runs
+    on the worker pool or as a region."""
     n_rows = ne[1] * ne[2] * ne[3]
-    args = (0, n_rows, *args)
-    sig = tuple(map(typeof, args))  # the same types for both: the first argument is an int either way
-    # the parallel twin a longer batch takes is loaded along with the serial kernel (at load time,
-    # by the model's warm-up), not by the first prompt that needs it (~6-13 ms a kernel)
-    twin = entry(parallel, sig) if numba.config.NUMBA_NUM_THREADS > 1 else None
     if n_threads <= 1 or n_rows <= 1:
-        return bind_entry(serial, entry(serial, sig), args, 1)
-    return bind_entry(parallel, twin or entry(parallel, sig), (min(n_threads, n_rows),) + args[1:], n_threads)
+        return launch(kernel, 0, n_rows, *args)
+    return split(row_split(kernel, len(args)), 0, n_rows, *args, parts=split_parts(n_threads, n_rows))

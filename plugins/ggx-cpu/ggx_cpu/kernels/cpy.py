@@ -13,13 +13,13 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.tensor import Tensor
 
 from . import FLOAT_TYPES, SLOW_STORE_TYPES
-from .common import Launch, host_bytes, launch, need_rows, need_srcs, nothing
+from .common import Launch, host_bytes, need_rows, need_srcs, nothing, rows_launch
 from .convert import BF16, F16, F32, STORE_TYPES, f32_to_bf16, f32_to_f16, load_elem, store_row, wr_u16
 
 
@@ -45,14 +45,14 @@ def _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0):
 CONVERT, COPY_ELEMS, COPY_ROWS = 0, 1, 2
 
 
-@njit(cache=True, parallel=True)
-def cpy_kernel(mode, es, s, so, s_nb, s_ne, scode, d, do, d_nb, d_ne, dcode):
-    """Fill each destination row. COPY_ELEMS: move `es` bytes per element; COPY_ROWS: move the
+@njit(cache=True)
+def cpy_rows(r0, r1, mode, es, s, so, s_nb, s_ne, scode, d, do, d_nb, d_ne, dcode):
+    """Fill destination rows r0..r1-1 (of its ne1*ne2*ne3). COPY_ELEMS: move `es` bytes per element; COPY_ROWS: move the
     `es` bytes of a whole row (quantized, equal row lengths); CONVERT: load floats, store dcode."""
     n1, n2 = d_ne[1], d_ne[2]
     ne0 = d_ne[0]
     same_rows = s_ne[0] == ne0
-    for r in prange(d_ne[1] * d_ne[2] * d_ne[3]):
+    for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         db = do + i1 * d_nb[1] + i2 * d_nb[2] + i3 * d_nb[3]
         if mode != CONVERT:
@@ -104,8 +104,8 @@ def cpy(node: Tensor, n_threads: int) -> Launch:
             mode, es = COPY_ROWS, src.row_bytes
         else:
             mode, es = COPY_ELEMS, src.type.type_size
-        return launch(cpy_kernel, mode, es, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
-                      dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id, n_threads=n_threads)
+        return rows_launch(cpy_rows, n_threads, tuple(dst.ne), mode, es, sbuf, so, tuple(src.nb), tuple(src.ne),
+                           src.type.ggml_id, dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id)
     if src.type not in FLOAT_TYPES:
         raise GGXUnsupported(f"{op}: cannot convert {src.describe()} to {dst.type.name}")
     if dst.type in SLOW_STORE_TYPES:
@@ -115,8 +115,8 @@ def cpy(node: Tensor, n_threads: int) -> Launch:
         raise GGXUnsupported(f"{op}: cannot convert to {dst.describe()}")
     if dst.type.is_quantized:
         need_rows(dst, "dst", op)
-    return launch(cpy_kernel, CONVERT, 0, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
-                  dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id, n_threads=n_threads)
+    return rows_launch(cpy_rows, n_threads, tuple(dst.ne), CONVERT, 0, sbuf, so, tuple(src.nb), tuple(src.ne),
+                       src.type.ggml_id, dbuf, do, tuple(dst.nb), tuple(dst.ne), dst.type.ggml_id)
 
 
 def _cpy_via_f32(node: Tensor, src: Tensor, sbuf: np.ndarray, so: int) -> None:
@@ -127,7 +127,7 @@ def _cpy_via_f32(node: Tensor, src: Tensor, sbuf: np.ndarray, so: int) -> None:
     ne = tuple(int(x) for x in dst.ne)
     rows = np.empty(ne[::-1], np.float32)
     nb = (4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2])
-    cpy_kernel(CONVERT, 0, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
+    cpy_rows(0, ne[1] * ne[2] * ne[3], CONVERT, 0, sbuf, so, tuple(src.nb), tuple(src.ne), src.type.ggml_id,
                rows.reshape(-1).view(np.uint8), 0, nb, ne, F32)
     write_rows(dst, quantize(rows, dst.type))
 

@@ -1,8 +1,8 @@
 """ADD, MUL (b broadcast over a), SCALE, SILU, GELU (tanh / erf / quick), GLU (swiglu, geglu).
 
 All F32. Rows (ne0) are the unit of work: each family has one serial `*_rows(r0, r1, ...)` kernel
-over a range of the ne1*ne2*ne3 rows, run directly on one thread (small ops: no parallel region
-to start) or from a prange over n_threads chunks (`common.rows_launch`).
+over a range of the ne1*ne2*ne3 rows, run directly on one thread (small ops) or split in
+n_threads parts (`common.rows_launch`).
 GELU (tanh) and GELU_QUICK follow ggml's CPU: the input is rounded to F16 and looked up in a
 65536-entry table of F16 results (GGML_GELU_FP16); GELU returns 0 for x <= -10 and x for
 x >= 10. GELU_ERF is plain F32. SILU and the swiglu GLU on unit-stride rows are ggml's
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ggx.errors import GGXShapeError
 from ggx.ops import GeluKind, GluKind
@@ -193,27 +193,6 @@ def glu_rows(r0, r1, fs, code, table, g, go, gs, u, uo, us, ne, d, do, ds):
                      d[db: db + (n0 - 1) * ds[0] + 1: ds[0]])
 
 
-@njit(cache=True, parallel=True)
-def unary_kernel(n_chunks, n_rows, fs, code, s, b, table, x, xo, xs, ne, y, yo, ys):
-    for c in prange(n_chunks):
-        unary_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, fs, code, s, b, table, x, xo, xs, ne,
-                   y, yo, ys)
-
-
-@njit(cache=True, parallel=True)
-def binary_kernel(n_chunks, n_rows, code, a, ao, as_, ne, b, bo, bs, bne, d, do, ds):
-    for c in prange(n_chunks):
-        binary_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, a, ao, as_, ne, b, bo, bs, bne,
-                    d, do, ds)
-
-
-@njit(cache=True, parallel=True)
-def glu_kernel(n_chunks, n_rows, fs, code, table, g, go, gs, u, uo, us, ne, d, do, ds):
-    for c in prange(n_chunks):
-        glu_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, fs, code, table, g, go, gs, u, uo, us, ne,
-                 d, do, ds)
-
-
 _NO_TABLE = np.zeros(1, np.float32)
 
 
@@ -227,7 +206,7 @@ def _unary(node: Tensor, n_threads: int, code: int, s: float = 0.0, b: float = 0
     need_ne(node, src.ne, "dst", op)
     x, xo, xs, ne = elems(src, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    return rows_launch(unary_rows, unary_kernel, n_threads, ne, float_simd(isa.active()), code, np.float32(s),
+    return rows_launch(unary_rows, n_threads, ne, float_simd(isa.active()), code, np.float32(s),
                        np.float32(b), table, x, xo, xs, ne, y, yo, ys)
 
 
@@ -261,7 +240,7 @@ def _binary(node: Tensor, n_threads: int, code: int) -> Launch:
     aa, ao, as_, ne = elems(a, "a", op)
     bb, bo, bs, bne = elems(b, "b", op)
     dd, do, ds, _ = elems(node, "dst", op)
-    return rows_launch(binary_rows, binary_kernel, n_threads, ne, code, aa, ao, as_, ne, bb, bo, bs, bne, dd, do, ds)
+    return rows_launch(binary_rows, n_threads, ne, code, aa, ao, as_, ne, bb, bo, bs, bne, dd, do, ds)
 
 
 def add(node: Tensor, n_threads: int) -> Launch:
@@ -295,5 +274,5 @@ def glu(node: Tensor, n_threads: int) -> Launch:
             raise GGXShapeError(f"GLU: fused input {a.describe()} must have 2x the row of dst {node.describe()}")
         u, uo, us = g, go + (0 if swapped else nc * gs[0]), gs
         go = go + (nc * gs[0] if swapped else 0)
-    return rows_launch(glu_rows, glu_kernel, n_threads, ne, float_simd(isa.active()), code, table,
+    return rows_launch(glu_rows, n_threads, ne, float_simd(isa.active()), code, table,
                        g, go, gs, u, uo, us, ne, d, do, ds)

@@ -45,7 +45,7 @@ from .. import isa as _isa
 from ..isa import portable, vector, vector_avx512, vector_kquants
 from ..isa.tokens import TokenType, register_token
 from ..launch import split
-from .common import Launch, host_bytes, in_order, launch, nothing
+from .common import Launch, host_bytes, in_order, nothing, split_parts
 from .matmul_float import float_mm
 from .quantize_act import act_launch
 
@@ -255,16 +255,17 @@ def _mm_launch(a: Tensor, w, wg: np.ndarray, wrs: int, x: np.ndarray, cstart, yc
     out are read and written when the launch runs: they must be the tensors' own memory."""
     K, M = a.ne[0], a.ne[1]
     wg, cstart, ycol, ocol = (np.ascontiguousarray(v, dtype=np.int64) for v in (wg, cstart, ycol, ocol))
+    parts = split_parts(n_threads, len(ycol))
     if a.type in QUANT_KINDS:
         act, quantize = act_launch(x, a.type.vec_dot_type, n_threads)
         return in_order(quantize, split(quant_mm, _isa.token(), QUANT_KINDS[a.type], w, wg, wrs, M,
                                         K // a.type.block_size, act.qs, act.d, act.s, act.s4, K, cstart, ycol,
-                                        ocol, out, parts=max(1, n_threads)))
+                                        ocol, out, parts=parts))
     if a.type is GType.F32:
-        return launch(float_mm, w, wg, wrs, M, x.reshape(-1), K, cstart, ycol, ocol, out, n_threads=n_threads)
+        return split(float_mm, w, wg, wrs, M, x.reshape(-1), K, cstart, ycol, ocol, out, parts=parts)
     y = np.empty(x.size, np.float32)
     return in_order(functools.partial(_round_act, x.reshape(-1), a.type, y),
-                    launch(float_mm, w, wg, wrs, M, y, K, cstart, ycol, ocol, out, n_threads=n_threads))
+                    split(float_mm, w, wg, wrs, M, y, K, cstart, ycol, ocol, out, parts=parts))
 
 
 def _through_copies(b: Tensor, dst: Tensor, run) -> Launch:

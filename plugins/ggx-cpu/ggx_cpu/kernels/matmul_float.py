@@ -7,7 +7,7 @@ for F16, int16 bits for BF16); group g's matrix starts at element wg[g], row r a
 `ggx_cpu.kernels.matmul` (group g owns columns cstart[g]..cstart[g+1]; column c reads y from
 ycol[c] * K and writes out[ocol[c] * M + row]).
 
-One parallel region over tasks = (group, rb rows), rb = `rows_per_task(K)` (16 unless K is
+One split kernel over tasks = (group, rb rows), rb = `rows_per_task(K)` (16 unless K is
 large): bigger than matmul's 4-row tasks so that each activation column, once in cache, serves
 16 rows. Inside a task:
 - gemv (the group has one column): bandwidth-bound, so every row is dotted straight from `w`
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from .. import isa
@@ -265,14 +265,18 @@ def _gemm_task(w, wo, wrs, nr, rb, y, K, c0, ce, ycol, ocol, M, r0, out):
             out[oo + r] = _fdot(wb, r * K, y, yo, K)
 
 
-@njit(cache=True, parallel=True)
-def float_mm(w, wg, wrs, M, y, K, cstart, ycol, ocol, out):
-    """The float MUL_MAT / MUL_MAT_ID kernel: one parallel region over (group, rows_per_task(K)
-    rows) tasks; gemv for a one-column group, 2 x 3 or 4 x 4 register tiles otherwise."""
+@njit(cache=True)
+def float_mm(part, parts, w, wg, wrs, M, y, K, cstart, ycol, ocol, out):
+    """The float MUL_MAT / MUL_MAT_ID kernel as a split kernel (`ggx_cpu.launch.split`): part p
+    runs a contiguous share of the (group, rows_per_task(K) rows) tasks; gemv for a one-column
+    group, 2 x 3 or 4 x 4 register tiles otherwise."""
+    if part < 0 or part >= parts:
+        return
     rb = rows_per_task(K)
     n_groups = wg.shape[0]
     n_tiles = (M + rb - 1) // rb
-    for t in prange(n_groups * n_tiles):
+    n = n_groups * n_tiles
+    for t in range(part * n // parts, (part + 1) * n // parts):
         g = t // n_tiles
         r0 = (t % n_tiles) * rb
         nr = min(rb, M - r0)

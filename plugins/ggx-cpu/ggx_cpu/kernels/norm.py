@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ggx.tensor import Tensor
 from ggx.types import GType
@@ -56,12 +56,6 @@ def norm_rows(r0, r1, code, eps, x, xo, xs, ne, y, yo, ys):
             _norm_row(code, eps, x[xb: xb + (n0 - 1) * xs[0] + 1: xs[0]], y[yb: yb + (n0 - 1) * ys[0] + 1: ys[0]])
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def norm_kernel(n_chunks, n_rows, code, eps, x, xo, xs, ne, y, yo, ys):
-    for c in prange(n_chunks):
-        norm_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, eps, x, xo, xs, ne, y, yo, ys)
-
-
 def _norm(node: Tensor, n_threads: int, code: int) -> Launch:
     op = node.op.name
     need_srcs(node, 1)
@@ -71,7 +65,7 @@ def _norm(node: Tensor, n_threads: int, code: int) -> Launch:
     need_ne(node, src.ne, "dst", op)
     x, xo, xs, ne = elems(src, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    return rows_launch(norm_rows, norm_kernel, n_threads, ne, code, np.float32(node.params.eps),
+    return rows_launch(norm_rows, n_threads, ne, code, np.float32(node.params.eps),
                        x, xo, xs, ne, y, yo, ys)
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ggx.errors import GGXShapeError
 from ggx.types import GType
 
+from ..launch import split
 from .common import Launch, launch
 from .convert import f16_to_f32, f32_to_f16
 
@@ -76,11 +77,12 @@ def quantize_rows_q8(x, qs, d, s, s4, r0, r1):
         s[i] = f16_to_f32(f32_to_f16(s[i]))
 
 
-@njit(cache=True, parallel=True)
-def _q8_par(x, qs, d, s, s4, nchunks):
+@njit(cache=True)
+def q8_part(part, parts, x, qs, d, s, s4):
+    """`quantize_rows_q8` as a split kernel: part p quantizes its share of x's rows."""
     n = x.shape[0]
-    for c in prange(nchunks):
-        quantize_rows_q8(x, qs, d, s, s4, c * n // nchunks, (c + 1) * n // nchunks)
+    if 0 <= part < parts:
+        quantize_rows_q8(x, qs, d, s, s4, part * n // parts, (part + 1) * n // parts)
 
 
 @njit(cache=True)
@@ -117,11 +119,12 @@ def quantize_rows_q8_K(x, qs, d, bsums, r0, r1):
                 bsums[o // 16 + g] = t
 
 
-@njit(cache=True, parallel=True)
-def _q8k_par(x, qs, d, bsums, nchunks):
+@njit(cache=True)
+def q8k_part(part, parts, x, qs, d, bsums):
+    """`quantize_rows_q8_K` as a split kernel."""
     n = x.shape[0]
-    for c in prange(nchunks):
-        quantize_rows_q8_K(x, qs, d, bsums, c * n // nchunks, (c + 1) * n // nchunks)
+    if 0 <= part < parts:
+        quantize_rows_q8_K(x, qs, d, bsums, part * n // parts, (part + 1) * n // parts)
 
 
 def _rows(x: np.ndarray, block: int, what: str) -> np.ndarray:
@@ -129,10 +132,6 @@ def _rows(x: np.ndarray, block: int, what: str) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] % block:
         raise GGXShapeError(f"{what}: rows of {x.shape[-1]} values are not a multiple of {block}")
     return x
-
-
-def _chunks(x: np.ndarray, n_threads: int) -> int:
-    return max(1, min(x.shape[0], n_threads * 4))
 
 
 def act_launch(x: np.ndarray, gtype: GType, n_threads: int = 1) -> tuple[Q8Act, Launch]:
@@ -152,11 +151,11 @@ def act_launch(x: np.ndarray, gtype: GType, n_threads: int = 1) -> tuple[Q8Act, 
         bsums = np.empty(n * k // 16, np.int32)
         act = Q8Act(gtype, qs, d, d, bsums)
         if parallel:
-            return act, launch(_q8k_par, x, qs, d, bsums, _chunks(x, n_threads), n_threads=n_threads)
+            return act, split(q8k_part, x, qs, d, bsums, parts=min(n, n_threads))
         return act, launch(quantize_rows_q8_K, x, qs, d, bsums, 0, n)
     act = Q8Act(gtype, qs, d, np.empty_like(d), np.empty(n * k // 4, np.int32))
     if parallel:
-        return act, launch(_q8_par, x, qs, d, act.s, act.s4, _chunks(x, n_threads), n_threads=n_threads)
+        return act, split(q8_part, x, qs, d, act.s, act.s4, parts=min(n, n_threads))
     return act, launch(quantize_rows_q8, x, qs, d, act.s, act.s4, 0, n)
 
 

@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import Launch, elems, launch, need_ne, need_srcs, need_type
+from .common import Launch, elems, need_ne, need_srcs, need_type, rows_launch
 
 
-@njit(cache=True, parallel=True)
-def sum_rows_kernel(x, xo, xs, ne, y, yo, ys):
+@njit(cache=True)
+def sum_rows_rows(r0, r1, x, xo, xs, ne, y, yo, ys):
+    """Rows r0..r1-1 of the ne1*ne2*ne3."""
     n1, n2 = ne[1], ne[2]
-    for r in prange(ne[1] * ne[2] * ne[3]):
+    for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         acc = 0.0
@@ -31,4 +32,4 @@ def sum_rows(node: Tensor, n_threads: int) -> Launch:
     need_ne(node, (1,) + tuple(src.ne[1:]), "dst", op)
     x, xo, xs, ne = elems(src, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    return launch(sum_rows_kernel, x, xo, xs, ne, y, yo, ys, n_threads=n_threads)
+    return rows_launch(sum_rows_rows, n_threads, ne, x, xo, xs, ne, y, yo, ys)

@@ -15,7 +15,7 @@ import functools
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ggx.errors import GGXShapeError
 from ggx.ops import RopeMode
@@ -86,14 +86,6 @@ def rope_rows(r0, r1, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_fa
             y[yb + i * ys[0]] = x[xb + i * xs[0]]
 
 
-@njit(cache=True, parallel=True)
-def rope_kernel(n_chunks, n_rows, neox, n_dims, theta_scale, freq_scale, ext_factor, attn_factor, corr0, corr1,
-                x, xo, xs, ne, pos, po, ps, ff, fo, y, yo, ys):
-    for c in prange(n_chunks):
-        rope_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, neox, n_dims, theta_scale, freq_scale,
-                  ext_factor, attn_factor, corr0, corr1, x, xo, xs, ne, pos, po, ps, ff, fo, y, yo, ys)
-
-
 @functools.lru_cache(maxsize=64)
 def _rope_constants(n_dims: int, freq_base: float, n_ctx_orig: int, beta_fast: float,
                     beta_slow: float) -> tuple[np.float32, np.float32, np.float32]:
@@ -140,6 +132,6 @@ def rope(node: Tensor, n_threads: int) -> Launch:
         ff, fo = _unit_factors(p.n_dims // 2), 0
     theta_scale, c0, c1 = _rope_constants(p.n_dims, p.freq_base, p.n_ctx_orig, p.beta_fast, p.beta_slow)
     f32 = np.float32
-    return rows_launch(rope_rows, rope_kernel, n_threads, ne, p.mode == RopeMode.NEOX, p.n_dims, theta_scale,
+    return rows_launch(rope_rows, n_threads, ne, p.mode == RopeMode.NEOX, p.n_dims, theta_scale,
                        f32(p.freq_scale), f32(p.ext_factor), f32(p.attn_factor), c0, c1, x, xo, xs, ne, pp, po, ps,
                        ff, fo, y, yo, ys)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.tensor import Tensor
@@ -54,20 +54,6 @@ def set_rows_rows(r0, r1, code, s, so, ss, sne, ids, io, ist, ine, d, do, dnb):
         store_row(s[sb: sb + sne[0]], code, sne[0], d, do + row * dnb[1] + j * dnb[2] + k * dnb[3])
 
 
-@njit(cache=True, parallel=True)
-def get_rows_kernel(n_chunks, n_rows, code, a, ao, anb, n0, ids, io, ist, ine, d, do, ds):
-    for c in prange(n_chunks):
-        get_rows_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, a, ao, anb, n0, ids, io, ist, ine,
-                      d, do, ds)
-
-
-@njit(cache=True, parallel=True)
-def set_rows_kernel(n_chunks, n_rows, code, s, so, ss, sne, ids, io, ist, ine, d, do, dnb):
-    for c in prange(n_chunks):
-        set_rows_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, code, s, so, ss, sne, ids, io, ist, ine,
-                      d, do, dnb)
-
-
 def get_rows(node: Tensor, n_threads: int) -> Launch:
     op = "GET_ROWS"
     need_srcs(node, 2)
@@ -99,7 +85,7 @@ def get_rows(node: Tensor, n_threads: int) -> Launch:
     ab, ao = host_bytes(a, "a", op)
     d, do, ds, _ = elems(node, "dst", op)
     # rows of the output = the ids' n * ne2 * ne3
-    return in_order(check, rows_launch(get_rows_rows, get_rows_kernel, n_threads, (0,) + ine[:3], a.type.ggml_id,
+    return in_order(check, rows_launch(get_rows_rows, n_threads, (0,) + ine[:3], a.type.ggml_id,
                                        ab, ao, tuple(a.nb), a.ne[0], ii, io, ist, ine, d, do, ds))
 
 
@@ -126,7 +112,7 @@ def set_rows(node: Tensor, n_threads: int) -> Launch:
     s, so, ss, sne = elems(src, "src", op)
     db, do = host_bytes(dst, "dst", op)
     if ii.dtype == np.int64 and (n_threads == 1 or src.ne[1] == 1):
-        return in_order(check, rows_launch(set_rows_rows, set_rows_kernel, n_threads, sne, dst.type.ggml_id,
+        return in_order(check, rows_launch(set_rows_rows, n_threads, sne, dst.type.ggml_id,
                                            s, so, ss, sne, ii, io, ist, ine, db, do, tuple(dst.nb)))
     return in_order(check, functools.partial(_set_rows_now, n_threads, dst.type.ggml_id, s, so, ss, sne,
                                              ii, io, ist, ine, db, do, tuple(dst.nb)))
@@ -147,7 +133,7 @@ def _set_rows_now(n_threads, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb
                          axis=-1)
         if np.any(planes[..., 1:] == planes[..., :-1]):
             n_threads = 1  # the last write wins, as in ggml's single pass
-    rows_launch(set_rows_rows, set_rows_kernel, n_threads, sne, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb)()
+    rows_launch(set_rows_rows, n_threads, sne, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb)()
 
 
 def _set_rows_via_quants(dst: Tensor, src: Tensor, ids: Tensor) -> None:

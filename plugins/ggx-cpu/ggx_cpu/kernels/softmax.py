@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ggx.errors import GGXShapeError
 from ggx.tensor import Tensor
@@ -113,13 +113,6 @@ def softmax_rows(r0, r1, fs, scale, slopes, has_mask, x, xo, xs, ne, m, mo, ms, 
                          m[mb: mb + (n0 - 1) * ms[0] + 1: ms[0]], y[yb: yb + (n0 - 1) * ys[0] + 1: ys[0]])
 
 
-@njit(cache=True, parallel=True)
-def softmax_kernel(n_chunks, n_rows, fs, scale, slopes, has_mask, x, xo, xs, ne, m, mo, ms, mne, y, yo, ys):
-    for c in prange(n_chunks):
-        softmax_rows(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, fs, scale, slopes, has_mask,
-                     x, xo, xs, ne, m, mo, ms, mne, y, yo, ys)
-
-
 def soft_max(node: Tensor, n_threads: int) -> Launch:
     op = "SOFT_MAX"
     need_srcs(node, 1)
@@ -141,6 +134,6 @@ def soft_max(node: Tensor, n_threads: int) -> Launch:
     else:
         m, mo, ms, mne = x, 0, (1, 0, 0, 0), (1, 1, 1, 1)  # never read
     slopes = alibi_slopes(a.ne[2], p.max_bias)
-    return rows_launch(softmax_rows, softmax_kernel, n_threads, ne, float_simd(isa.active()), np.float32(p.scale),
+    return rows_launch(softmax_rows, n_threads, ne, float_simd(isa.active()), np.float32(p.scale),
                        slopes, mask is not None,
                        x, xo, xs, ne, m, mo, ms, mne, y, yo, ys)

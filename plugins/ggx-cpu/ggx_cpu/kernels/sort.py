@@ -7,21 +7,21 @@ backend, swaps the first two on purpose: the order is not part of TOP_K's contra
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ggx.errors import GGXShapeError
 from ggx.ops import SortOrder
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from .common import Launch, elems, launch, need_ne, need_srcs, need_type
+from .common import Launch, elems, need_ne, need_srcs, need_type, rows_launch
 
 
-@njit(cache=True, parallel=True)
-def sort_kernel(desc, k, swap_first, x, xo, xs, ne, y, yo, ys):
-    """y[:k] of each row = the first k indices of a (stable) argsort of the row."""
+@njit(cache=True)
+def sort_rows(r0, r1, desc, k, swap_first, x, xo, xs, ne, y, yo, ys):
+    """y[:k] of rows r0..r1-1 = the first k indices of a (stable) argsort of each row."""
     n0, n1, n2 = ne[0], ne[1], ne[2]
-    for r in prange(ne[1] * ne[2] * ne[3]):
+    for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         xb = xo + i1 * xs[1] + i2 * xs[2] + i3 * xs[3]
         yb = yo + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
@@ -48,7 +48,7 @@ def _sort(node: Tensor, n_threads: int, desc: bool, k: int, swap_first: bool) ->
     need_ne(node, (k,) + tuple(a.ne[1:]), "dst", op)
     x, xo, xs, ne = elems(a, "a", op)
     y, yo, ys, _ = elems(node, "dst", op)
-    return launch(sort_kernel, desc, k, swap_first, x, xo, xs, ne, y, yo, ys, n_threads=n_threads)
+    return rows_launch(sort_rows, n_threads, ne, desc, k, swap_first, x, xo, xs, ne, y, yo, ys)
 
 
 def argsort(node: Tensor, n_threads: int) -> Launch:
