@@ -8,8 +8,8 @@ Launches (`ggx_cpu.launch`)
     the zero-argument `Launch` that `ExtraBufferType.prepare_forward` returns. `in_order(*launches)`.
     `split(kernel, *args, parts=n)`: the launch of a *split kernel*, an njit `kernel(part, parts,
     *args)` written once: part -1 (a prologue) first, parts 0..parts-1 once each, part `parts`
-    (an epilogue) last. ggx-cpu's backend decides how it runs: as jobs of its worker pool (a
-    decode token's work) or as one parallel region over the parts (a batch). `Deferred(fn,
+    (an epilogue) last. ggx-cpu's backend decides how it runs: as jobs of its worker pool
+    (parts claimed by whichever thread runs; with the workers off, one parallel region). `Deferred(fn,
     *args)`: a launch made at every compute by `fn(*args)` (data-dependent, as MUL_MAT_ID's),
     planned like the launches it makes.
 
