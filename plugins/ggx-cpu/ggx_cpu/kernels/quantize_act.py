@@ -17,7 +17,7 @@ from ggx.errors import GGXShapeError
 from ggx.types import GType
 
 from ..launch import split
-from .common import Launch, launch
+from .common import Launch, launch, split_parts
 from .convert import f16_to_f32, f32_to_f16
 
 # Rows per parallel chunk: below this many values a serial call beats waking the threads.
@@ -151,11 +151,11 @@ def act_launch(x: np.ndarray, gtype: GType, n_threads: int = 1) -> tuple[Q8Act, 
         bsums = np.empty(n * k // 16, np.int32)
         act = Q8Act(gtype, qs, d, d, bsums)
         if parallel:
-            return act, split(q8k_part, x, qs, d, bsums, parts=min(n, n_threads))
+            return act, split(q8k_part, x, qs, d, bsums, parts=split_parts(n_threads, n))
         return act, launch(quantize_rows_q8_K, x, qs, d, bsums, 0, n)
     act = Q8Act(gtype, qs, d, np.empty_like(d), np.empty(n * k // 4, np.int32))
     if parallel:
-        return act, split(q8_part, x, qs, d, act.s, act.s4, parts=min(n, n_threads))
+        return act, split(q8_part, x, qs, d, act.s, act.s4, parts=split_parts(n_threads, n))
     return act, launch(quantize_rows_q8, x, qs, d, act.s, act.s4, 0, n)
 
 

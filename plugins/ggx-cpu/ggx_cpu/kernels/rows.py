@@ -16,6 +16,7 @@ from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.tensor import Tensor
 from ggx.types import GType
 
+from ..launch import Deferred
 from . import LOAD_TYPES, SLOW_STORE_TYPES, STORE_TYPES
 from .common import (
     Launch,
@@ -114,13 +115,14 @@ def set_rows(node: Tensor, n_threads: int) -> Launch:
     if ii.dtype == np.int64 and (n_threads == 1 or src.ne[1] == 1):
         return in_order(check, rows_launch(set_rows_rows, n_threads, sne, dst.type.ggml_id,
                                            s, so, ss, sne, ii, io, ist, ine, db, do, tuple(dst.nb)))
-    return in_order(check, functools.partial(_set_rows_now, n_threads, dst.type.ggml_id, s, so, ss, sne,
-                                             ii, io, ist, ine, db, do, tuple(dst.nb)))
+    return in_order(check, Deferred(_set_rows_launch, n_threads, dst.type.ggml_id, s, so, ss, sne,
+                                    ii, io, ist, ine, db, do, tuple(dst.nb)))
 
 
-def _set_rows_now(n_threads, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb) -> None:
-    """SET_ROWS whose plan depends on the ids' values: I32 ids widened to int64 (one kernel for
-    both index types), and one thread when a row is written twice (threads would tear it)."""
+def _set_rows_launch(n_threads, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb) -> Launch:
+    """The launch of a SET_ROWS whose plan depends on the ids' values, made at every compute
+    (`Deferred`, planned as the backend planned the node): I32 ids widened to int64 (one kernel
+    for both index types), and one thread when a row is written twice (threads would tear it)."""
     if ii.dtype != np.int64:
         if ine == (1, 1, 1, 1):
             ii, io = np.array([ii[io]], np.int64), 0
@@ -133,7 +135,7 @@ def _set_rows_now(n_threads, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb
                          axis=-1)
         if np.any(planes[..., 1:] == planes[..., :-1]):
             n_threads = 1  # the last write wins, as in ggml's single pass
-    rows_launch(set_rows_rows, n_threads, sne, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb)()
+    return rows_launch(set_rows_rows, n_threads, sne, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb)
 
 
 def _set_rows_via_quants(dst: Tensor, src: Tensor, ids: Tensor) -> None:
