@@ -94,12 +94,8 @@ def launch(kernel, *args, n_threads: int = 1) -> Launch:
     """kernel(*args) as a launch bound to the compiled entry point for these arguments' types:
     typing happens here, once (the entry point skips numba's per-call dispatch, ~0.1 us an
     argument, several us for the ISA token). A kernel compiled parallel=True runs its region
-    on n_threads."""
-    return bind_entry(kernel, entry_for(kernel, args), args, n_threads)
-
-
-def bind_entry(kernel, entry_point, args: tuple, n_threads: int = 1) -> Launch:
-    """`launch` with the entry point already found."""
+    on n_threads (ggx-cpu's own threaded kernels are split kernels instead: `split`)."""
+    entry_point = entry_for(kernel, args)
     if kernel.targetoptions.get("parallel"):
         return RegionLaunch(jobs.region_threads(n_threads), entry_point, args)
     f = KernelLaunch(entry_point, *args)
