@@ -21,10 +21,11 @@ by a busy machine, or the pool busy with another thread's job): no call ever wai
 that has not started its part, and a job split in more parts than threads shares them out by
 who is running.
 
-Workers spin (~0.2 ms), then yield the CPU a few hundred times, then sleep on a futex that the
-next caller to publish a job wakes: a sleeping worker takes no CPU from the parallel regions of a
-prompt, and a job published while it wakes up runs on the caller. `GGX_CPU_WORKERS=0` turns the
-workers off (every job runs on the caller's thread; for comparisons).
+Workers spin (~50 us), then poll yielding the CPU (~1 ms on a quiet machine), then sleep on a
+futex that the next caller to publish a job wakes; a job published while a worker wakes up runs
+on the caller. On a busy machine the yields hand the core to the caller or to the other program:
+a worker spinning there would take the share of CPU the caller needs to publish the next job.
+`GGX_CPU_WORKERS=0` turns the workers off (every job runs on the caller's thread; for comparisons).
 """
 from __future__ import annotations
 
@@ -62,8 +63,12 @@ MAX_PARTS = 1 << 16
 PART_BITS = 24
 TAG_MASK = (1 << 38) - 1
 
-SPIN_ROUNDS = 40000  # pause instructions (~25 ns each here, ~1 ms: the gap between decode steps) before yielding
-YIELD_ROUNDS = 256  # sched_yield calls before it sleeps on the futex
+#: a worker between jobs spins SPIN_ROUNDS pauses (~50 us), then polls with sched_yield YIELD_ROUNDS
+#: times before it sleeps on the futex: on a quiet machine a yield returns at once (~1 ms of
+#: polling in all: the gap between decode steps), on a busy one it hands the core to the caller
+#: or to another program instead of burning the share of CPU that the caller needs to go on
+SPIN_ROUNDS = 2000
+YIELD_ROUNDS = 2000
 WAIT_SPINS = 4000  # pauses a caller spins on a worker's part (~0.1 ms) before yielding its core
 
 
