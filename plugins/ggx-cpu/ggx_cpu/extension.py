@@ -47,6 +47,9 @@ Matrix products of an extra buffer type
     `expert_columns(ids, n_expert, b_ne1)`: MUL_MAT_ID's columns grouped by expert
     (`ExpertColumns`: used experts, their column ranges, each column's activation row and
     output row), the ids checked.
+    `token_experts(op, base, step)`: one token's MUL_MAT_ID as fixed columns and a launch that
+    checks the ids and writes each slot's weight offset at every compute (`TokenExperts`), so
+    that a decode step's product is bound once; None for more tokens.
 
 SIMD vocabulary (LLVM vectors in numba; `ggx_cpu.isa.simd` conventions: element offsets,
 unaligned, unchecked)
@@ -107,7 +110,7 @@ from .isa.simd import (
     zero_i32x8,
 )
 from .isa.tokens import IsaType, TokenType, register_token, token_constant
-from .kernels.extra_matmul import ExpertColumns, expert_columns, matmul_problem
+from .kernels.extra_matmul import ExpertColumns, TokenExperts, expert_columns, matmul_problem, token_experts
 from .kernels.quantize_act import Q8Act, act_launch, quantize_act, quantize_rows_q8, quantize_rows_q8_K
 from .launch import Deferred, in_order, launch, split
 from .traits import CpuExtraBufferType, buft_of, expert_offsets
@@ -125,7 +128,7 @@ __all__ = [
     # extra buffer types
     "CpuExtraBufferType", "buft_of", "expert_offsets",
     # matrix products of an extra buffer type
-    "matmul_problem", "ExpertColumns", "expert_columns",
+    "matmul_problem", "ExpertColumns", "expert_columns", "TokenExperts", "token_experts",
     # SIMD vocabulary: types
     "Vec", "I8x16", "I8x32", "I16x16", "I32x8", "F32x8",
     # loads and stores

@@ -337,3 +337,45 @@ def test_quantize_act_parallel_matches_serial():
         one, two = quantize_act(x, gtype, 1), quantize_act(x, gtype, 2)
         for p, q in zip(one[1:], two[1:]):
             np.testing.assert_array_equal(p, q)
+
+
+@pytest.mark.parametrize("a_type", [GType.Q4_0, GType.Q4_K, GType.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("b_ne1", [1, 3])
+def test_one_token_mul_mat_id_reads_the_ids_at_every_compute(a_type, b_ne1):
+    """A decode step's MUL_MAT_ID is bound once (`token_experts`): prepared and run fused on two
+    threads, every compute reads the ids anew (a repeated expert included), and an id out of
+    range raises, naming it, before the product writes anything."""
+    from ggx import registry
+    from ggx.alloc import alloc_tensors
+    from ggx_cpu.launch import SequenceLaunch
+
+    rng = np.random.default_rng(5)
+    k, m, n_expert, n_used = 256, 12, 6, 3
+    ctx = ggx.Context()
+    a = ctx.tensor(a_type, (k, m, n_expert))
+    b = ctx.tensor(GType.F32, (k, b_ne1, 1))
+    ids = ctx.tensor(GType.I32, (n_used, 1))
+    node = ctx.mul_mat_id(a, b, ids)
+    dev = registry.get_device("CPU")
+    alloc_tensors(dev.buffer_type(), [a, b, ids, node])
+    raws, mats = zip(*(quantized_weights(a_type, m, k, rng) for _ in range(n_expert)))
+    a.buffer.set_tensor(a, np.concatenate(raws))
+    graph = ggx.build_graph(node)
+    be = dev.init_backend(n_threads=2)
+    be.graph_prepare(graph)
+    if a_type.vec_dot_type is not GType.F16:  # F16 rounds its activations in Python
+        assert [type(f) for f in be.prepared.kept(graph).calls] == [SequenceLaunch]
+    for sel in ([5, 0, 2], [1, 1, 4], [3, 2, 0]):
+        x = rng.standard_normal((b_ne1, k)).astype(np.float32)
+        tensor_array(b)[...] = x.reshape(tensor_array(b).shape)
+        tensor_array(ids)[...] = np.array(sel, np.int32).reshape(tensor_array(ids).shape)
+        be.graph_compute(graph)
+        out = tensor_array(node).reshape(n_used, m)
+        for e in range(n_used):
+            ref = mats[sel[e]] @ act_values(x[e % b_ne1][None], a_type)[0]
+            assert nmse(out[e], ref) < 1e-10, (sel, e)
+    before = tensor_array(node).copy()
+    tensor_array(ids)[...] = np.array([0, 6, 1], np.int32).reshape(tensor_array(ids).shape)
+    with pytest.raises(GGXShapeError, match="index 6, outside 0..5"):
+        be.graph_compute(graph)
+    assert np.array_equal(tensor_array(node), before)

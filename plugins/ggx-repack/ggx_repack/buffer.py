@@ -146,17 +146,22 @@ def _lane_rows(lay: Layout) -> np.ndarray:
 
 def _launch(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> Launch:
     """A MUL_MAT over contiguous activations and destination binds the kernel once (its columns
-    do not depend on data); MUL_MAT_ID (columns grouped by the ids' values) and strided
-    tensors are made again at every compute (`_made`)."""
-    from ggx_cpu.extension import Deferred
+    do not depend on data), and so does one token's MUL_MAT_ID (`token_experts`: its experts'
+    offsets written by a compiled step at every compute); MUL_MAT_ID of more tokens (columns
+    grouped by the ids' values) and strided tensors are made again at every compute (`_made`)."""
+    from ggx_cpu.extension import Deferred, in_order, token_experts
 
-    if op.op is not Op.MUL_MAT:
-        return Deferred(_made, op, lay, w, n_threads)
-    K, M = op.src[0].ne[0], op.src[0].ne[1]
+    a = op.src[0]
+    K, M = a.ne[0], a.ne[1]
     x, rows = _f32_rows(op.src[1], K), _f32_rows(op, M)
     if x is None or rows is None:
         return Deferred(_made, op, lay, w, n_threads)
-    return _bind(op, lay, w, x, rows.reshape(-1), n_threads)
+    if op.op is Op.MUL_MAT:
+        return _bind(op, lay, w, x, rows.reshape(-1), n_threads)
+    one = token_experts(op, a.data_offset, lay.packed_nbytes((a.ne[0], a.ne[1], 1, 1)))
+    if one is None:
+        return Deferred(_made, op, lay, w, n_threads)
+    return in_order(one.fill, _bind(op, lay, w, x, rows.reshape(-1), n_threads, one[:4]))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -167,14 +172,16 @@ def _mul_mat_tiles(lay: Layout, n: int, K: int) -> tuple[np.ndarray, np.ndarray,
     return tile_plan(np.array([0, n], np.int64), lay.name, K)
 
 
-def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray, n_threads: int) -> Launch:
+def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray, n_threads: int,
+          columns: tuple[np.ndarray, ...] | None = None) -> Launch:
     """The product of the activations x [n, K] with the repacked weight into out, as split
     kernels (ggx-cpu's `split`; its backend runs them as jobs of its worker threads for one
     token, as parallel regions for a batch): `tiles.tile_mm` (register tiles) where the ISA
     variant has it for this layout and some matrix multiplies more than one column (or
     repack_mm has no kernel for the layout), else `kernels.repack_mm` (its register gemv). The
     product's prologue quantizes the activations into the launch's scratch, or for a batch worth
-    sharing out a split of its own does first (`tiles.tile_quant`, `kernels.quant_rows`)."""
+    sharing out a split of its own does first (`tiles.tile_quant`, `kernels.quant_rows`).
+    `columns` (wg, cstart, ycol, ocol) are the node's (`_columns`) unless given."""
     import numba
 
     from ggx_cpu.extension import in_order, select, split, token
@@ -183,7 +190,7 @@ def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray
     from .tiles import has_tiles, tile_plan
 
     K, M = op.src[0].ne[0], op.src[0].ne[1]
-    wg, cstart, ycol, ocol = _columns(op, lay)
+    wg, cstart, ycol, ocol = _columns(op, lay) if columns is None else columns
     n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
     nbk = K // lay.block_size
     rows = x.shape[0]

@@ -266,3 +266,42 @@ def test_disabling_the_plugin_falls_back_cleanly():
     env.pop("GGX_DISABLE_PLUGINS")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "CPU_REPACK" in out.stdout
+
+
+@pytest.mark.parametrize("gtype", [GType.Q4_0, GType.Q4_1, GType.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("b_ne1", [1, 2])
+def test_one_token_mul_mat_id_is_bound_once(cpu, cpu_backend, gtype, b_ne1):
+    """A decode step's MUL_MAT_ID (one token) runs fused, as compiled steps only, and reads the
+    ids at every compute (a repeated expert included); an id out of range raises, naming it,
+    before the product writes anything."""
+    from ggx.host import tensor_array
+    from ggx_cpu.launch import SequenceLaunch
+
+    rng = np.random.default_rng(b_ne1)
+    E, K, M, n_used = 5, 256, 32, 2
+    ctx = Context()
+    w = weight(ctx, gtype, K=K, M=M, E=E)
+    x = ctx.tensor(GType.F32, (K, b_ne1, 1), "x")
+    ids = ctx.tensor(GType.I32, (n_used, 1), "ids")
+    out = ctx.mul_mat_id(w, x, ids)
+    alloc_tensors(repack_buft(cpu), [w])
+    alloc_tensors(cpu.buffer_type(), [x, ids, out])
+    raw = quantize(rng.standard_normal((E, M, K)).astype(np.float32), gtype).reshape(-1)
+    w.buffer.set_tensor(w, raw)
+    wf = dequantize(raw, gtype, E * M * K).reshape(E, M, K)
+    graph = build_graph(out)
+    cpu_backend.graph_prepare(graph)
+    assert [type(f) for f in cpu_backend.prepared.kept(graph).calls] == [SequenceLaunch]
+    for sel in ([4, 0], [2, 2], [1, 3]):
+        xv = rng.standard_normal((b_ne1, K)).astype(np.float32)
+        tensor_array(x)[...] = xv.reshape(tensor_array(x).shape)
+        tensor_array(ids)[...] = np.array(sel, np.int32).reshape(tensor_array(ids).shape)
+        cpu_backend.graph_compute(graph)
+        got = tensor_array(out).reshape(n_used, M).astype(np.float64)
+        ref = np.stack([wf[sel[e]].astype(np.float64) @ xv[e % b_ne1] for e in range(n_used)])
+        assert np.sum((got - ref) ** 2) / np.sum(ref ** 2) < 1e-3, sel  # activations quantized to 8 bits
+    before = tensor_array(out).copy()
+    tensor_array(ids)[...] = np.array([5, 1], np.int32).reshape(tensor_array(ids).shape)
+    with pytest.raises(GGXError, match="index 5, outside 0..4"):
+        cpu_backend.graph_compute(graph)
+    assert np.array_equal(tensor_array(out), before)

@@ -6,13 +6,15 @@ integers in the ISA variant `ggx_cpu.isa` selected (AVX-512 VNNI, AVX2 or portab
 weights (F32, F16, BF16): activations are rounded once to the weight's type (ggml's F16/BF16
 vec_dot_type) and dotted in float32 (`matmul_float.float_mm`, which picks its own row blocks).
 
-Both ops run as one split kernel (`ggx_cpu.launch.split`: the worker pool's jobs for a decode
-token, else one parallel region) over tasks = (group, 4-row tile):
-a *group* is one weight matrix and the list of activation columns it multiplies. MUL_MAT has
-one group per (i2, i3) batch (weights broadcast over b's dims 2/3); MUL_MAT_ID has one group
-per expert that some token uses, so repeated experts share a pass over their weights and
-unused experts cost nothing. Inside a task, columns go 4 at a time through a 4x4 register tile
-(the gemm path); leftover columns, and a single column (the gemv path), use row quads.
+Both ops run as one split kernel (`ggx_cpu.launch.split`, run by the backend's plan) over tasks
+= (group, 4-row tile): a *group* is one weight matrix and the list of activation columns it
+multiplies. MUL_MAT has one group per (i2, i3) batch (weights broadcast over b's dims 2/3);
+MUL_MAT_ID has one group per expert that some token uses, so repeated experts share a pass over
+their weights and unused experts cost nothing (grouped at every compute), except for one token
+(a decode step), bound once with one group per expert slot whose weight offset a compiled step
+reads from the ids (`extra_matmul.token_experts`). Inside a task, columns go 4 at a time
+through a 4x4 register tile (the gemm path); leftover columns, and a single column (the gemv
+path), use row quads.
 
 `mul_mat` / `mul_mat_id` return a `Launch` (see `common`); the ISA variant is the one selected
 when the launch is made.
@@ -46,6 +48,7 @@ from ..isa import portable, vector, vector_avx512, vector_kquants
 from ..isa.tokens import TokenType, register_token
 from ..launch import split
 from .common import Launch, host_bytes, in_order, nothing, split_parts
+from .extra_matmul import token_experts
 from .matmul_float import float_mm
 from .quantize_act import act_launch
 
@@ -329,6 +332,10 @@ def mul_mat_id(node: Tensor, n_threads: int = 1) -> Launch:
     if node.nelements == 0:
         return nothing
     w, unit, off0, nb1, nb2 = _weights(a, op)
+    x, out = _b_rows(b), _out_rows(node, op)
+    one = token_experts(node, off0, nb2) if x is not None and out is not None else None
+    if one is not None:  # a decode step's: bound once
+        return in_order(one.fill, _mm_launch(a, w, one.wg, nb1, x, one.cstart, one.ycol, one.ocol, out, n_threads))
     bne1 = b.ne[1]
     ids_view = tensor_array(ids)
 
@@ -346,7 +353,6 @@ def mul_mat_id(node: Tensor, n_threads: int = 1) -> Launch:
         cstart = np.concatenate(([0], np.cumsum(counts)))
         _mm_launch(a, w, off0 + used * nb2, nb1, x, cstart, ycol, slots, out, n_threads)()
 
-    x, out = _b_rows(b), _out_rows(node, op)
     if x is not None and out is not None:
         return functools.partial(run, x, out)
     return _through_copies(b, node, run)
