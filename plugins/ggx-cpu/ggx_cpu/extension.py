@@ -110,7 +110,8 @@ from .isa.simd import (
     zero_i32x8,
 )
 from .isa.tokens import IsaType, TokenType, register_token, token_constant
-from .kernels.extra_matmul import ExpertColumns, TokenExperts, expert_columns, matmul_problem, token_experts
+from .kernels.extra_matmul import ExpertColumns, expert_columns, matmul_problem
+from .kernels.matmul import TokenExperts, token_experts
 from .kernels.quantize_act import Q8Act, act_launch, quantize_act, quantize_rows_q8, quantize_rows_q8_K
 from .launch import Deferred, in_order, launch, split
 from .traits import CpuExtraBufferType, buft_of, expert_offsets

@@ -1,22 +1,18 @@
 """What the MUL_MAT / MUL_MAT_ID kernels of an extra buffer type share (CPU_REPACK, AMX): the
 checks of the node around the weight (`matmul_problem`) and MUL_MAT_ID's columns grouped by
-expert (`expert_columns`, ggml's mmid row mapping); and, with ggx-cpu's own MUL_MAT_ID, one
-token's MUL_MAT_ID bound once (`token_experts`)."""
+expert (`expert_columns`, ggml's mmid row mapping). Imported at discovery (the extra buffer
+types' checks): no numba here."""
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
-from ggx.backend import BufferType, Launch
+from ggx.backend import BufferType
 from ggx.errors import GGXShapeError
 from ggx.ops import Op
 from ggx.tensor import Tensor
 from ggx.types import GType
-
-from ..launch import in_order, launch
-from .common import elems, index_check
 
 
 def _buft_of(t: Tensor) -> BufferType | None:
@@ -90,42 +86,3 @@ def expert_columns(experts: np.ndarray, n_expert: int, b_ne1: int, what: str = "
     ycol = (slot // n_used) * b_ne1 + (slot % n_used) % b_ne1
     cstart = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     return ExpertColumns(used.astype(np.int64), cstart, ycol.astype(np.int64), slot)
-
-
-class TokenExperts(NamedTuple):
-    """One token's MUL_MAT_ID as fixed columns (`token_experts`): slot e is a group of its own
-    (cstart = 0, 1, .., n_used), reading activation row ycol[e] = e % b.ne1 into output row
-    ocol[e] = e. Only wg, the offset of slot e's expert matrix, depends on the ids' values:
-    `fill` checks the ids and writes wg at every compute, before the product reads it."""
-
-    wg: np.ndarray
-    cstart: np.ndarray
-    ycol: np.ndarray
-    ocol: np.ndarray
-    fill: Launch
-
-
-@njit(cache=True, nogil=True)
-def fill_expert_offsets(ids, off, stride, base, step, wg):
-    """wg[e] = base + ids[off + e * stride] * step: the offset of the matrix of one token's expert
-    slot e (ids one I32 column [n_used, 1] at element `off`, elements `stride` apart)."""
-    for e in range(wg.shape[0]):
-        wg[e] = base + ids[off + e * stride] * step
-
-
-def token_experts(op: Tensor, base: int, step: int) -> TokenExperts | None:
-    """A MUL_MAT_ID of one token (ids [n_used, 1]) as `TokenExperts`, where expert x's matrix
-    starts at base + x * step in the weight's array (the caller's unit); None for more tokens,
-    whose grouping by expert is made at every compute (`expert_columns`). Bound once, the
-    product of a decode step then runs as compiled steps like MUL_MAT's (no Python between
-    them); a repeated expert is two groups reading its matrix twice, which top-k routing never
-    asks for."""
-    a, b, ids = op.src[0], op.src[1], op.src[2]
-    if ids.ne[1] != 1 or ids.ne[0] < 1:
-        return None
-    arr, off, st, _ = elems(ids, "ids", "mul_mat_id")
-    slots = np.arange(ids.ne[0], dtype=np.int64)
-    wg = np.full(ids.ne[0], base, np.int64)
-    fill = in_order(index_check(ids, "ids", "mul_mat_id", a.ne[2]),
-                    launch(fill_expert_offsets, arr, off, st[0], base, step, wg))
-    return TokenExperts(wg, np.arange(ids.ne[0] + 1, dtype=np.int64), slots % b.ne[1], slots, fill)

@@ -12,7 +12,7 @@ multiplies. MUL_MAT has one group per (i2, i3) batch (weights broadcast over b's
 MUL_MAT_ID has one group per expert that some token uses, so repeated experts share a pass over
 their weights and unused experts cost nothing (grouped at every compute), except for one token
 (a decode step), bound once with one group per expert slot whose weight offset a compiled step
-reads from the ids (`extra_matmul.token_experts`). Inside a task, columns go 4 at a time
+reads from the ids (`token_experts`). Inside a task, columns go 4 at a time
 through a 4x4 register tile (the gemm path); leftover columns, and a single column (the gemv
 path), use row quads.
 
@@ -46,9 +46,8 @@ from ggx.types import GType
 from .. import isa as _isa
 from ..isa import portable, vector, vector_avx512, vector_kquants
 from ..isa.tokens import TokenType, register_token
-from ..launch import split
-from .common import Launch, host_bytes, in_order, nothing, split_parts
-from .extra_matmul import token_experts
+from ..launch import launch, split
+from .common import Launch, elems, host_bytes, in_order, index_check, nothing, split_parts
 from .matmul_float import float_mm
 from .quantize_act import act_launch
 
@@ -192,6 +191,46 @@ def quant_mm(part, parts, isa, kind, w, wg, wrs, M, nb, yq, yd, ys, ys4, K, csta
             else:
                 for r in range(nr):
                     out[oo + r] = _qdot(isa, kind, w, wo + r * wrs, nb, yq, yd, ys, ys4, yo)
+
+
+# --- one token's MUL_MAT_ID, bound once ----------------------------------------------------------
+class TokenExperts(NamedTuple):
+    """One token's MUL_MAT_ID as fixed columns (`token_experts`): slot e is a group of its own
+    (cstart = 0, 1, .., n_used), reading activation row ycol[e] = e % b.ne1 into output row
+    ocol[e] = e. Only wg, the offset of slot e's expert matrix, depends on the ids' values:
+    `fill` checks the ids and writes wg at every compute, before the product reads it."""
+
+    wg: np.ndarray
+    cstart: np.ndarray
+    ycol: np.ndarray
+    ocol: np.ndarray
+    fill: Launch
+
+
+@njit(cache=True, nogil=True)
+def fill_expert_offsets(ids, off, stride, base, step, wg):
+    """wg[e] = base + ids[off + e * stride] * step: the offset of the matrix of one token's expert
+    slot e (ids one I32 column [n_used, 1] at element `off`, elements `stride` apart)."""
+    for e in range(wg.shape[0]):
+        wg[e] = base + ids[off + e * stride] * step
+
+
+def token_experts(op: Tensor, base: int, step: int) -> TokenExperts | None:
+    """A MUL_MAT_ID of one token (ids [n_used, 1]) as `TokenExperts`, where expert x's matrix
+    starts at base + x * step in the weight's array (the caller's unit); None for more tokens,
+    whose grouping by expert is made at every compute (`expert_columns`). Bound once, the
+    product of a decode step then runs as compiled steps like MUL_MAT's (no Python between
+    them); a repeated expert is two groups reading its matrix twice, which top-k routing never
+    asks for."""
+    a, b, ids = op.src[0], op.src[1], op.src[2]
+    if ids.ne[1] != 1 or ids.ne[0] < 1:
+        return None
+    arr, off, st, _ = elems(ids, "ids", "mul_mat_id")
+    slots = np.arange(ids.ne[0], dtype=np.int64)
+    wg = np.full(ids.ne[0], base, np.int64)
+    fill = in_order(index_check(ids, "ids", "mul_mat_id", a.ne[2]),
+                    launch(fill_expert_offsets, arr, off, st[0], base, step, wg))
+    return TokenExperts(wg, np.arange(ids.ne[0] + 1, dtype=np.int64), slots % b.ne[1], slots, fill)
 
 
 # --- validation and preparation ----------------------------------------------------------------
