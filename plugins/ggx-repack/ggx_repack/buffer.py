@@ -161,7 +161,8 @@ def _launch(op: Tensor, lay: Layout, w: np.ndarray, n_threads: int) -> Launch:
     one = token_experts(op, a.data_offset, lay.packed_nbytes((a.ne[0], a.ne[1], 1, 1)))
     if one is None:
         return Deferred(_made, op, lay, w, n_threads)
-    return in_order(one.fill, _bind(op, lay, w, x, rows.reshape(-1), n_threads, one[:4]))
+    columns = (one.wg, one.cstart, one.ycol, one.ocol)
+    return in_order(one.fill, _bind(op, lay, w, x, rows.reshape(-1), n_threads, columns))
 
 
 @functools.lru_cache(maxsize=1024)
