@@ -13,9 +13,9 @@
   Any other op is refused, which keeps it (and its weight) off this buffer type. The verdict
   is kept per op node (placement, the scheduler and prepare_forward all ask).
 - `prepare_forward`: a launch for every op supports_op accepted (no CPU kernel can read the
-  layout): one compiled call, `kernels.repack_mm`, which quantizes the activations once
-  (ggx-cpu's `quantize_rows_q8` / `quantize_rows_q8_K`, the weight's vec_dot_type) and runs one parallel region:
-  a register gemv for one column, gemm tiles for more.
+  layout): a split kernel (`kernels.repack_mm`, or `tiles.tile_mm`) whose prologue quantizes
+  the activations once (ggx-cpu's `quantize_rows_q8` / `quantize_rows_q8_K`, the weight's
+  vec_dot_type) and whose parts run a register gemv for one column, gemm tiles for more.
 """
 from __future__ import annotations
 
@@ -176,8 +176,8 @@ def _mul_mat_tiles(lay: Layout, n: int, K: int) -> tuple[np.ndarray, np.ndarray,
 def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray, n_threads: int,
           columns: tuple[np.ndarray, ...] | None = None) -> Launch:
     """The product of the activations x [n, K] with the repacked weight into out, as split
-    kernels (ggx-cpu's `split`; its backend runs them as jobs of its worker threads for one
-    token, as parallel regions for a batch): `tiles.tile_mm` (register tiles) where the ISA
+    kernels (ggx-cpu's `split`; its backend plans how they run: jobs of its worker pool with
+    more than one thread): `tiles.tile_mm` (register tiles) where the ISA
     variant has it for this layout and some matrix multiplies more than one column (or
     repack_mm has no kernel for the layout), else `kernels.repack_mm` (its register gemv). The
     product's prologue quantizes the activations into the launch's scratch, or for a batch worth
