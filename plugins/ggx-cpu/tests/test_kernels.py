@@ -261,15 +261,35 @@ def test_flash_attn_softcap_alibi_f32_kv(cpu):
     assert nmse(got[0], ref[0]) < 1e-8
 
 
-def test_set_rows_duplicates_last_write_wins(cpu):
+@pytest.mark.parametrize("id_type", [GType.I64, GType.I32])
+def test_set_rows_duplicates_last_write_wins(cpu, id_type):
+    """Where the ids repeat a row the last source row wins, on one thread and split in parts
+    (each destination row belongs to one part, whatever the ids hold)."""
+    from ggx.host import tensor_array
+    from ggx_cpu import device
+
     ctx = ggx.Context()
     dst = ctx.tensor(GType.F32, (32, 4))
     src = ctx.tensor(GType.F32, (32, 3))
-    ids = ctx.tensor(GType.I64, (3,))
+    ids = ctx.tensor(id_type, (3,))
     out = ctx.set_rows(dst, src, ids)
     rows = np.arange(3 * 32, dtype=np.float32).reshape(3, 32)
     got = ggx.compute(out, {dst: np.zeros((4, 32), np.float32), src: rows, ids: np.array([2, 2, 0])}, device=cpu)[0]
     assert np.array_equal(got[2], rows[1]) and np.array_equal(got[0], rows[2]) and not got[1].any()
+
+    rng = np.random.default_rng(5)
+    big_dst, big_src = ctx.tensor(GType.F16, (64, 9)), ctx.tensor(GType.F32, (64, 40))
+    big_ids = ctx.tensor(id_type, (40,))
+    many = ctx.set_rows(big_dst, big_src, big_ids)
+    values, which = rng.standard_normal((40, 64)).astype(np.float32), rng.integers(0, 9, 40)
+    ggx.compute(many, {big_dst: np.zeros((9, 64), np.float32), big_src: values, big_ids: which}, device=cpu)
+    want = np.zeros((9, 64), np.float32)
+    for i, r in enumerate(which):
+        want[r] = values[i].astype(np.float16)
+    for n in (1, 2, 3, 4):
+        tensor_array(big_dst)[...] = 0
+        device.kernel_for(many.op)(many, n)()
+        assert np.array_equal(tensor_array(many).reshape(9, 64).astype(np.float32), want), n
 
 
 # --- bad input never reaches a kernel ---------------------------------------------------------------

@@ -55,7 +55,18 @@ def cpy_rows(r0, r1, mode, es, s, so, s_nb, s_ne, scode, d, do, d_nb, d_ne, dcod
     for r in range(r0, r1):
         i1, i2, i3 = r % n1, (r // n1) % n2, r // (n1 * n2)
         db = do + i1 * d_nb[1] + i2 * d_nb[2] + i3 * d_nb[3]
-        if mode != CONVERT:
+        if mode == COPY_ELEMS and s_nb[0] == es and d_nb[0] == es:
+            # both sides dense along dim 0: move runs of whole source rows' elements, not one
+            # element (and one index unravel) at a time
+            i0 = 0
+            while i0 < ne0:
+                s0, s1, s2, s3 = _unravel(r * ne0 + i0, s_ne)
+                n = min(ne0 - i0, s_ne[0] - s0) * es
+                sb = so + s0 * es + s1 * s_nb[1] + s2 * s_nb[2] + s3 * s_nb[3]
+                dbi = db + i0 * es
+                d[dbi: dbi + n] = s[sb: sb + n]
+                i0 += n // es
+        elif mode != CONVERT:
             units = 1 if mode == COPY_ROWS else ne0
             for i0 in range(units):
                 sb = _src_off(i0, r, same_rows, s_ne, s_nb, so, ne0)

@@ -16,7 +16,7 @@ from ggx.errors import GGXShapeError, GGXUnsupported
 from ggx.tensor import Tensor
 from ggx.types import GType
 
-from ..launch import Deferred
+from ..launch import split
 from . import LOAD_TYPES, SLOW_STORE_TYPES, STORE_TYPES
 from .common import (
     Launch,
@@ -45,14 +45,20 @@ def get_rows_rows(r0, r1, code, a, ao, anb, n0, ids, io, ist, ine, d, do, ds):
 
 
 @njit(cache=True)
-def set_rows_rows(r0, r1, code, s, so, ss, sne, ids, io, ist, ine, d, do, dnb):
-    """Source rows r0..r1-1. s: float32 elements; ids: int64 elements; d: bytes (byte offset/strides)."""
-    n1, n2 = sne[1], sne[2]
-    for r in range(r0, r1):
-        i, j, k = r % n1, (r // n1) % n2, r // (n1 * n2)
-        row = ids[io + i * ist[0] + (j % ine[1]) * ist[1] + (k % ine[2]) * ist[2]]
-        sb = so + i * ss[1] + j * ss[2] + k * ss[3]
-        store_row(s[sb: sb + sne[0]], code, sne[0], d, do + row * dnb[1] + j * dnb[2] + k * dnb[3])
+def set_rows_part(part, parts, code, s, so, ss, sne, ids, io, ist, ine, d, do, dnb):
+    """Part `part` of `parts` of a SET_ROWS (a split kernel). s: float32 elements; ids: int32 or
+    int64 elements; d: bytes (byte offset/strides). Every part walks all source rows in order and
+    writes those whose destination row r has r % parts == part: each destination row is written
+    by one part, so where the ids repeat a row the last write wins, as in ggml's single pass,
+    whatever the ids hold and however many parts run."""
+    if 0 <= part < parts:
+        n1, n2 = sne[1], sne[2]
+        for r in range(sne[1] * sne[2] * sne[3]):
+            i, j, k = r % n1, (r // n1) % n2, r // (n1 * n2)
+            row = ids[io + i * ist[0] + (j % ine[1]) * ist[1] + (k % ine[2]) * ist[2]]
+            if row % parts == part:
+                sb = so + i * ss[1] + j * ss[2] + k * ss[3]
+                store_row(s[sb: sb + sne[0]], code, sne[0], d, do + row * dnb[1] + j * dnb[2] + k * dnb[3])
 
 
 def get_rows(node: Tensor, n_threads: int) -> Launch:
@@ -112,30 +118,9 @@ def set_rows(node: Tensor, n_threads: int) -> Launch:
     ii, io, ist, ine = elems(ids, "ids", op)
     s, so, ss, sne = elems(src, "src", op)
     db, do = host_bytes(dst, "dst", op)
-    if ii.dtype == np.int64 and (n_threads == 1 or src.ne[1] == 1):
-        return in_order(check, rows_launch(set_rows_rows, n_threads, sne, dst.type.ggml_id,
-                                           s, so, ss, sne, ii, io, ist, ine, db, do, tuple(dst.nb)))
-    return in_order(check, Deferred(_set_rows_launch, n_threads, dst.type.ggml_id, s, so, ss, sne,
-                                    ii, io, ist, ine, db, do, tuple(dst.nb)))
-
-
-def _set_rows_launch(n_threads, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb) -> Launch:
-    """The launch of a SET_ROWS whose plan depends on the ids' values, made at every compute
-    (`Deferred`, planned as the backend planned the node): I32 ids widened to int64 (one kernel
-    for both index types), and one thread when a row is written twice (threads would tear it)."""
-    if ii.dtype != np.int64:
-        if ine == (1, 1, 1, 1):
-            ii, io = np.array([ii[io]], np.int64), 0
-        else:
-            view = np.lib.stride_tricks.as_strided(ii[io:], ine[::-1], tuple(x * 4 for x in ist[::-1]))
-            ii, io = np.ascontiguousarray(view, dtype=np.int64).reshape(-1), 0
-        ist = (1, ine[0], ine[0] * ine[1], ine[0] * ine[1] * ine[2])
-    if n_threads > 1 and sne[1] > 1:
-        planes = np.sort(np.lib.stride_tricks.as_strided(ii[io:], ine[2::-1], tuple(x * 8 for x in ist[2::-1])),
-                         axis=-1)
-        if np.any(planes[..., 1:] == planes[..., :-1]):
-            n_threads = 1  # the last write wins, as in ggml's single pass
-    return rows_launch(set_rows_rows, n_threads, sne, code, s, so, ss, sne, ii, io, ist, ine, db, do, dnb)
+    # parts own destination rows (set_rows_part): the split needs no look at the ids' values
+    return in_order(check, split(set_rows_part, dst.type.ggml_id, s, so, ss, sne, ii, io, ist, ine, db, do,
+                                 tuple(dst.nb), parts=max(1, n_threads)))
 
 
 def _set_rows_via_quants(dst: Tensor, src: Tensor, ids: Tensor) -> None:
