@@ -85,9 +85,14 @@ class Event:
     token: int | None
     text: str
     finish_reason: str | None
-    logprob: float | None = None
     #: the logits the token was sampled from (valid until the next step: copy to keep)
     logits: np.ndarray | None = None
+
+    @property
+    def logprob(self) -> float | None:
+        """The token's log-probability under `logits`, computed when asked (before the next step):
+        a pass over the whole vocabulary, which a step need not pay for tokens nobody reads it of."""
+        return None if self.token is None or self.logits is None else _logprob(self.logits, self.token)
 
 
 @dataclass
@@ -283,13 +288,12 @@ class Batcher:
             s.first_token_s = time.perf_counter()
         s.generated.append(tok)
         text = s.decoder.decode(self.model.tokenizer.token_bytes(tok))
-        logprob = _logprob(logits, tok)
         if len(s.generated) >= s.max_tokens:
             self.remove(s, "max_tokens")
-            events.append(Event(s, tok, text, "max_tokens", logprob, logits))
+            events.append(Event(s, tok, text, "max_tokens", logits))
             return
         s.pending = tok
-        events.append(Event(s, tok, text, None, logprob, logits))
+        events.append(Event(s, tok, text, None, logits))
 
     def _finish(self, s: Slot, reason: str, events: list[Event]) -> None:
         self.remove(s, reason)

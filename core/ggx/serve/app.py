@@ -190,7 +190,7 @@ def create_app(model: Model, engine: Engine, config: ServeConfig) -> FastAPI:
     async def _bug(_: Request, e: Exception) -> JSONResponse:
         return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), 500)
 
-    def prompt_job(ids: list[int], req: ChatRequest | CompletionRequest, top_logprobs: int) -> Job:
+    def prompt_job(ids: list[int], req: ChatRequest | CompletionRequest, logprobs: bool, top_logprobs: int) -> Job:
         if not ids:
             raise APIError(400, "the prompt has no tokens", param="prompt")
         if len(ids) > n_ctx_seq:
@@ -209,7 +209,8 @@ def create_app(model: Model, engine: Engine, config: ServeConfig) -> FastAPI:
         except GGXError as e:
             raise APIError(400, str(e), param="prompt") from None
         seed = req.seed if req.seed is not None and req.seed >= 0 else None  # llama-server's -1: a random seed
-        return Job(ids, limit, req.temperature, req.top_k, req.top_p, seed, top_logprobs)
+        return Job(ids, limit, req.temperature, req.top_k, req.top_p, seed, logprobs=logprobs,
+                   top_logprobs=top_logprobs)
 
     def submit(job: Job) -> None:
         job.loop, job.queue = asyncio.get_running_loop(), asyncio.Queue()
@@ -269,7 +270,7 @@ def create_app(model: Model, engine: Engine, config: ServeConfig) -> FastAPI:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
-        want_logprobs = bool(req.logprobs) if chat else req.logprobs is not None
+        want_logprobs = job.logprobs
 
         def head(choices: list) -> dict[str, Any]:
             return {"id": rid, "object": obj + (".chunk" if chat and req.stream else ""), "created": created,
@@ -326,14 +327,14 @@ def create_app(model: Model, engine: Engine, config: ServeConfig) -> FastAPI:
                                                 "content": m.text()} for m in req.messages])
         except GGXError as e:
             raise APIError(400, str(e), param="messages") from None
-        job = prompt_job(model.tokenize(text), req, req.top_logprobs or 0)
+        job = prompt_job(model.tokenize(text), req, bool(req.logprobs), req.top_logprobs or 0)
         submit(job)
         return await respond(request, req, job, chat=True)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         ids = model.tokenize(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
-        job = prompt_job(ids, req, req.logprobs or 0)
+        job = prompt_job(ids, req, req.logprobs is not None, req.logprobs or 0)
         submit(job)
         return await respond(request, req, job, chat=False)
 

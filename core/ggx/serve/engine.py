@@ -34,6 +34,7 @@ class Job:
     top_k: int
     top_p: float
     seed: int | None
+    logprobs: bool = False  # whether the response reports the tokens' log-probabilities
     top_logprobs: int = 0  # alternatives to report per token (0: the chosen token's logprob only)
     loop: asyncio.AbstractEventLoop | None = None
     queue: asyncio.Queue | None = None  # receives Token items, then one Done
@@ -170,8 +171,11 @@ class Engine:
             return
         if e.token is not None:
             self.counters.generated_tokens += 1
-            top = _top(e.logits, job.top_logprobs) if job.top_logprobs and e.logits is not None else []
-            self._send(job, Token(e.token, e.text, e.logprob, top))
+            if job.logprobs:
+                top = _top(e.logits, job.top_logprobs) if job.top_logprobs and e.logits is not None else []
+                self._send(job, Token(e.token, e.text, e.logprob, top))
+            else:
+                self._send(job, Token(e.token, e.text, None, []))
         if e.finish_reason is not None:
             self._jobs.pop(id(e.sequence), None)
             self._send(job, Done(e.finish_reason, len(e.sequence.generated)))
