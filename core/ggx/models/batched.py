@@ -19,8 +19,7 @@ count): so prompts are
 never batched together (each chunk is its own batch, cut where the prompt alone decides), and
 decode batches have `decode_rows` rows whatever number of sequences is generating (the unused
 rows are padding: a token written past the end of a sequence that is still reading its prompt or
-of a free sequence, never committed, masked for everyone and overwritten later; it goes
-through the matmuls and norms, whose arithmetic its count fixes, but attends to nothing). With the
+of a free sequence, never committed, masked for everyone and overwritten later). With the
 default `decode_rows=None` the decode batch has one row per generating sequence: cheapest alone,
 exact only where the backends compute each row alike for any row count (not CPU_REPACK's: its
 logits move by ~1e-5 relative, greedy tokens only where a margin is that small); `ggx serve`
@@ -240,8 +239,7 @@ class Batcher:
         order = sorted(range(len(rows)), key=lambda i: rows[i].seq)
         rows = [rows[i] for i in order]
         tokens = np.asarray([(tokens + [0] * len(pads))[i] for i in order], dtype=np.int64)
-        shape = BatchShape.of_parts(rows, len(rows), frozenset(p.seq for p in pads))
-        logits = self._run(rows, tokens, shape)
+        logits = self._run(rows, tokens, BatchShape.of_parts(rows, len(rows)))
         logits = logits.reshape(len(rows), self.model.n_vocab)
         by_seq = {p.seq: i for i, p in enumerate(rows)}
         for part in parts:

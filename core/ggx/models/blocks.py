@@ -46,10 +46,6 @@ class SeqShape:
     n_tokens: int
     n_kv: int
     n_kv_swa: int = 0
-    #: padding rows (a decode batch filled up to a fixed row count, ggx.models.batched): they go
-    #: through every row-by-row op, as their count fixes the kernels' arithmetic, but attend to
-    #: nothing (their output is never read, so their attention would be wasted work)
-    pad: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,10 +60,9 @@ class BatchShape:
     seqs: tuple[SeqShape, ...] = ()
 
     @staticmethod
-    def of_parts(parts: list[CacheBatch], n_out: int, pads: frozenset[int] = frozenset()) -> BatchShape:
-        """The shape of a multi-sequence batch planned as `parts` (KVCache.plan per sequence);
-        `pads`: the sequence ids whose rows are padding (`SeqShape.pad`)."""
-        seqs = tuple(SeqShape(p.seq, p.n_tokens, p.n_kv, p.n_kv_swa, p.seq in pads) for p in parts)
+    def of_parts(parts: list[CacheBatch], n_out: int) -> BatchShape:
+        """The shape of a multi-sequence batch planned as `parts` (KVCache.plan per sequence)."""
+        seqs = tuple(SeqShape(p.seq, p.n_tokens, p.n_kv, p.n_kv_swa) for p in parts)
         return BatchShape(sum(s.n_tokens for s in seqs), 0, n_out, 0, seqs)
 
 
@@ -82,11 +77,9 @@ class ModelInputs:
     out_ids: Tensor | None  # I32 [n_out]: which rows of the batch get logits (None: all)
     kv_idx_swa: Tensor | None = None  # the same for the sliding-window layers
     mask_swa: Tensor | None = None
-    #: a multi-sequence batch: each attending sequence's masks F16 [KV_s, T_s] (full,
-    #: sliding-window), for the parts at `attending` (padding has none)
+    #: a multi-sequence batch: each sequence's masks F16 [KV_s, T_s] (full, sliding-window)
     seq_masks: list[Tensor] = field(default_factory=list)
     seq_masks_swa: list[Tensor] = field(default_factory=list)
-    attending: list[int] = field(default_factory=list)
     rows: Tensor | None = None  # I32 [T] = 0..T-1: where set_rows gathers each sequence's attention
 
     def all(self) -> list[Tensor]:
@@ -114,10 +107,10 @@ class ModelInputs:
             data[self.kv_idx_swa] = one.swa.kv_idx if one else np.concatenate([p.swa.kv_idx for p in parts])
         if self.mask_swa is not None:
             data[self.mask_swa] = parts[0].swa.mask.view(np.uint8)
-        for t, i in zip(self.seq_masks, self.attending):
-            data[t] = parts[i].full.mask.view(np.uint8)
-        for t, i in zip(self.seq_masks_swa, self.attending):
-            data[t] = parts[i].swa.mask.view(np.uint8)
+        for t, p in zip(self.seq_masks, parts):
+            data[t] = p.full.mask.view(np.uint8)
+        for t, p in zip(self.seq_masks_swa, parts):
+            data[t] = p.swa.mask.view(np.uint8)
         if self.rows is not None:
             data[self.rows] = np.arange(n_tokens, dtype=np.int32)
         return data
@@ -135,13 +128,12 @@ def build_inputs(ctx: Context, shape: BatchShape) -> ModelInputs:
         inp.kv_idx_swa = ctx.tensor(GType.I64, [t], "inp_kv_idx_swa")
         inp.mask_swa = ctx.tensor(GType.F16, [shape.n_kv_swa, t], "inp_kq_mask_swa")
     if shape.seqs:
-        inp.attending = [i for i, s in enumerate(shape.seqs) if not s.pad]
-        attending = [(i, shape.seqs[i]) for i in inp.attending]
-        inp.seq_masks = [ctx.tensor(GType.F16, [s.n_kv, s.n_tokens], f"inp_kq_mask_s{i}") for i, s in attending]
+        inp.seq_masks = [ctx.tensor(GType.F16, [s.n_kv, s.n_tokens], f"inp_kq_mask_s{i}")
+                         for i, s in enumerate(shape.seqs)]
         if shape.seqs[0].n_kv_swa:
             inp.kv_idx_swa = ctx.tensor(GType.I64, [t], "inp_kv_idx_swa")
             inp.seq_masks_swa = [ctx.tensor(GType.F16, [s.n_kv_swa, s.n_tokens], f"inp_kq_mask_swa_s{i}")
-                                 for i, s in attending]
+                                 for i, s in enumerate(shape.seqs)]
         if len(shape.seqs) > 1:
             inp.rows = ctx.tensor(GType.I32, [t], "inp_seq_rows")
     for x in inp.all():
@@ -195,23 +187,20 @@ def self_attention(ctx: Context, hp: HParams, w: dict[str, Tensor], il: int, cur
 def _attend_per_seq(ctx: Context, hp: HParams, q: Tensor, k_cache: Tensor, v_cache: Tensor, inp: ModelInputs,
                     shape: BatchShape, swa: bool, cache: KVCache, scale: float, flash_attn: bool) -> Tensor:
     """Attention of a multi-sequence batch: each sequence's rows of q over its own region of the
-    cache (the op a batch of that sequence alone runs), gathered into [n_embd_q, T]; padding rows
-    (`SeqShape.pad`) attend to nothing and keep q's values there."""
+    cache (the op a batch of that sequence alone runs), gathered into [n_embd_q, T]."""
     group = cache.swa if swa else cache.full
-    masks = iter(inp.seq_masks_swa if swa else inp.seq_masks)
+    masks = inp.seq_masks_swa if swa else inp.seq_masks
     outs, row = [], 0
-    for s in shape.seqs:
-        if not s.pad:
-            q_s = q if len(shape.seqs) == 1 else ctx.view(q, [hp.head_dim, hp.n_head, s.n_tokens],
-                                                          [q.nb[1], q.nb[2]], row * q.nb[2])
-            n_kv = s.n_kv_swa if swa else s.n_kv
-            outs.append((row, _attend(ctx, hp, q_s, k_cache, v_cache, next(masks), s.n_tokens, n_kv, scale,
-                                      flash_attn, group.base(s.seq))))
+    for s, mask in zip(shape.seqs, masks):
+        q_s = q if len(shape.seqs) == 1 else ctx.view(q, [hp.head_dim, hp.n_head, s.n_tokens], [q.nb[1], q.nb[2]],
+                                                      row * q.nb[2])
+        n_kv = s.n_kv_swa if swa else s.n_kv
+        outs.append((row, _attend(ctx, hp, q_s, k_cache, v_cache, mask, s.n_tokens, n_kv, scale, flash_attn,
+                                  group.base(s.seq))))
         row += s.n_tokens
-    if len(shape.seqs) == 1:
+    if len(outs) == 1:
         return outs[0][1]
-    # gather: set_rows into a [n_embd_q, T] tensor (q's copy gives its shape; every attending
-    # sequence's rows are overwritten)
+    # gather: set_rows into a [n_embd_q, T] tensor (every row is overwritten; q's copy gives its shape)
     acc = ctx.cont(q, [hp.n_embd_q, shape.n_tokens])
     for row, out in outs:
         ids = ctx.view(inp.rows, [out.ne[1]], None, row * inp.rows.nb[0])
