@@ -24,8 +24,8 @@ Group-block headers (little-endian, scales in row order r = 0..N-1):
   q5_0_8x8  d[N] f16, 8 fifth-bit planes of 4 B (`q5_planes`)     quants 16 B per row
   q8_0_4x4  d[N] f16                                              quants 32 B per row
   q4_K_8x8  d[N] f16, dmin[N] f16, sc[8][N] u8, mn[8][N] u8       quants 128 B per row
-  q6_K_8x8  d[N] f16, sc[16][N] i8                                ql 128 B per row, then qh 64 B
-                                                                  per row, each interleaved
+  q6_K_8x8  d[N] f16, sc[16][N] i8                                ql 128 B and qh 64 B per row,
+                                                                  each interleaved, in Q6_CHUNKS order
 The Q4_K header holds the 6-bit sub-block scales and mins already decoded (ggml keeps them
 packed): 32 bytes more per group block (+2.8 %), so `get_alloc_size` exceeds nbytes, and the
 kernels load the eight rows' scales of a sub-block with one 8-byte load instead of decoding.
@@ -42,8 +42,9 @@ Q6_K keeps ggml's two quant arrays apart, each interleaved by 8 bytes: 64 bytes 
 bytes 8c..8c+7, 16 such chunks) hold the low 4 bits of a row's values 8c'..8c'+7 (low nibbles)
 and 64 + 8c'..+7 (high nibbles) of half c // 8 (c' = c % 8); 64 bytes of qh (8 rows x bytes 8h..8h+7,
 8 chunks) their two high bits (ggml's value order: qh byte l of a half holds values l, l + 32,
-l + 64, l + 96 in bits 0-1, 2-3, 4-5, 6-7). Only the AVX-512 VNNI tile kernel reads it
-(`ISA_ONLY`).
+l + 64, l + 96 in bits 0-1, 2-3, 4-5, 6-7). The 24 chunks are stored in the order the kernel
+first reads them (`Q6_CHUNKS`: two ql chunks, the two qh chunks they need, ...), so a super-block
+is read front to back. Only the AVX-512 VNNI tile kernel reads it (`ISA_ONLY`).
 """
 from __future__ import annotations
 
@@ -165,6 +166,13 @@ def optimal_layout(gtype: GType, nrows: int, isa: str, forced: dict[GType, Layou
 
 
 # --- the transform ------------------------------------------------------------------------------
+#: q6_K_8x8's 24 chunks of 64 bytes in the order the tile kernel first reads them (chunk i < 16:
+#: the interleaved ql's chunk i, 16 + h: qh's chunk h): stored in that order, a super-block is read
+#: front to back (ql and qh apart made it jump back and forth by ~1 KB, which cost the one-column
+#: kernel ~3x of its speed from memory, docs/perf-notes.md)
+Q6_CHUNKS = [0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 6, 7, 8, 9, 20, 21, 10, 11, 22, 23, 12, 13, 14, 15]
+
+
 def interleave(q: np.ndarray, block: int) -> np.ndarray:
     """(..., N, L) bytes -> (..., N*L): P[i] = Q[(i % (N*B)) // B, (i // (N*B)) * B + i % B]."""
     *lead, n, length = q.shape
@@ -256,7 +264,8 @@ def repack(lay: Layout, raw: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
         parts += [_bytes(b["dmin"], lead), _bytes(np.swapaxes(sc, -1, -2), lead), _bytes(np.swapaxes(mn, -1, -2), lead)]
     if lay.gtype is GType.Q6_K:
         parts.append(_bytes(np.swapaxes(b["scales"], -1, -2), lead))
-        parts += [interleave(b[f].view(np.uint8), lay.interleave) for f in ("ql", "qh")]
+        chunks = np.concatenate([interleave(b[f].view(np.uint8), lay.interleave) for f in ("ql", "qh")], axis=-1)
+        parts.append(chunks.reshape(*lead, 24, 64)[..., Q6_CHUNKS, :].reshape(*lead, -1))
     else:
         parts.append(interleave(b["qs"].view(np.uint8), lay.interleave) ^ np.uint8(lay.xor_mask))
     return np.concatenate(parts, axis=-1).reshape(-1)
@@ -288,8 +297,11 @@ def unpack(lay: Layout, packed: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
         out["scales"] = k4_pack_scales(sc, mn)
     if lay.gtype is GType.Q6_K:
         out["scales"] = np.swapaxes(take(16 * n).view(np.int8).reshape(*g.shape[:3], 16, n), -1, -2)
-        out["ql"] = deinterleave(take(128 * n), n, lay.interleave)
-        out["qh"] = deinterleave(take(64 * n), n, lay.interleave)
+        chunks = np.empty((*g.shape[:3], 24, 64), np.uint8)
+        chunks[..., Q6_CHUNKS, :] = take(192 * n).reshape(*g.shape[:3], 24, 64)
+        chunks = chunks.reshape(*g.shape[:3], -1)
+        out["ql"] = deinterleave(chunks[..., :128 * n], n, lay.interleave)
+        out["qh"] = deinterleave(chunks[..., 128 * n:], n, lay.interleave)
     else:
         q = deinterleave(take(n * lay.quant_bytes) ^ np.uint8(lay.xor_mask), n, lay.interleave)
         out["qs"] = q.view(out["qs"].dtype)

@@ -47,6 +47,7 @@ from numba.extending import intrinsic, overload
 from ggx_cpu.extension import Vec, declare, elem_ptr, token_constant
 
 from .kernels import LayoutType, lay_rows
+from .layouts import Q6_CHUNKS
 
 #: the columns of a full tile per layout family (as many as keep every accumulator and the
 #: block's unpacked weights in the 32 zmm registers: q8_0 holds two accumulators a column, q4_K a
@@ -297,7 +298,7 @@ def _q6_K_step(x: _IR, accs: list, o, yo, yi) -> list:
     -16 * (the 16 activations' sum) per lane (the -32 offset) and add d * sc * dot in float, the
     super-block's sum times the activation scale at the end."""
     b = x.b
-    ql_at, qh_at = 144, 144 + 1024
+    at = {c: 144 + 64 * i for i, c in enumerate(Q6_CHUNKS)}  # chunk -> its byte offset in the block
     dw = x.halves(o, 8, list(range(8)))
     v8f = ir.VectorType(F32, 8)
     low, sixty4 = x.bytes_const(15), x.bytes_const(0x30)
@@ -311,8 +312,8 @@ def _q6_K_step(x: _IR, accs: list, o, yo, yi) -> list:
     sums = [ir.Constant(V16F, None)] * len(accs)
     for n in (0, 1):
         for q in range(4):
-            ql = [x.load("w", x.add(o, ql_at + 64 * (8 * n + 2 * q + k)), V64B) for k in (0, 1)]
-            qh = [x.load("w", x.add(o, qh_at + 64 * (4 * n + (2 * q + k) % 4)), V64B) for k in (0, 1)]
+            ql = [x.load("w", x.add(o, at[8 * n + 2 * q + k]), V64B) for k in (0, 1)]
+            qh = [x.load("w", x.add(o, at[16 + 4 * n + (2 * q + k) % 4]), V64B) for k in (0, 1)]
             lo = [b.or_(b.and_(ql[k], low), high_bits(qh[k], q // 2)) for k in (0, 1)]
             hi = [b.or_(b.lshr(ql[k], x.bytes_const(4)), high_bits(qh[k], 2 + q // 2)) for k in (0, 1)]
             scales = []

@@ -45,7 +45,7 @@ def loop_repack(lay, raw: np.ndarray, K: int, M: int) -> np.ndarray:
                     dec.append((sc, mn))
                 head += bytes(dec[r][0][j] for j in range(8) for r in range(lay.nrows))
                 head += bytes(dec[r][1][j] for j in range(8) for r in range(lay.nrows))
-            if t is GType.Q6_K:  # the sixteen scales, sub-block by sub-block; ql then qh interleaved
+            if t is GType.Q6_K:  # the sixteen scales, sub-block by sub-block; ql and qh interleaved
                 head += bytes(int(rows[r]["scales"][j]) & 0xFF for j in range(16) for r in range(lay.nrows))
                 fields = [[bytes(r[f].view(np.uint8)) for r in rows] for f in ("ql", "qh")]
             else:
@@ -57,6 +57,16 @@ def loop_repack(lay, raw: np.ndarray, K: int, M: int) -> np.ndarray:
                 for i in range(len(part)):  # ggml: src_id = (i % (n*bl)) / bl, src_offset = (i / (n*bl)) * bl + i % bl
                     part[i] = qs[(i % (n * bl)) // bl][(i // (n * bl)) * bl + i % bl] ^ lay.xor_mask
                 body += part
+            if t is GType.Q6_K:  # 64-byte chunks in the order the tile kernel first reads them
+                chunks = [bytes(body[64 * c: 64 * c + 64]) for c in range(24)]
+                order: list[int] = []
+                for half in (0, 1):
+                    for q in range(4):
+                        for c in (8 * half + 2 * q, 8 * half + 2 * q + 1, 16 + 4 * half + (2 * q) % 4,
+                                  16 + 4 * half + (2 * q + 1) % 4):
+                            if c not in order:
+                                order.append(c)
+                body = bytearray(b"".join(chunks[c] for c in order))
             out.append(head + bytes(body))
     return np.frombuffer(b"".join(out), np.uint8)
 
