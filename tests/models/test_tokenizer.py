@@ -47,5 +47,17 @@ def test_out_of_range_ids(smollm2_tok):
 def test_bad_merges():
     with pytest.raises(GGXFormatError, match="BPE"):
         Tokenizer(["a", "b"], ["a c"], None)
+    with pytest.raises(GGXFormatError, match="BPE"):  # the merged token is missing
+        Tokenizer(["a", "b"], ["a b"], None)
     with pytest.raises(GGXFormatError, match="two space-separated"):
         Tokenizer(["a", "b"], ["ab"], None)
+
+
+def test_bpe_tables_are_built_at_the_first_tokenize():
+    """A process given token ids never pays the `tokenizers` build; the first tokenize does."""
+    tok = Tokenizer(["a", "b", "ab", "Ġ"], ["a b"], None)
+    assert tok.build_s == 0.0
+    assert tok.token_bytes(2) == b"ab" and tok.eog_ids == frozenset()
+    assert tok.build_s == 0.0
+    assert tok.tokenize("ab") == [2]
+    assert tok.build_s > 0.0

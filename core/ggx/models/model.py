@@ -232,6 +232,10 @@ class Model:
         self._preparer = threading.Thread(target=self._prepare_buckets, args=(self._stop_preparing,),
                                           name="ggx-prepare-buckets", daemon=True)
         _PREPARING.add(self)
+        # exit handlers run last-registered first: registered again now, this one stops the thread
+        # before weakref.finalize's handler walks its registry (which the thread may be changing)
+        atexit.unregister(_stop_all_preparing)
+        atexit.register(_stop_all_preparing)
         self._preparer.start()
 
     def wait_prepared(self, timeout: float | None = None) -> bool:
@@ -509,7 +513,6 @@ class Model:
 _PREPARING: weakref.WeakSet[Model] = weakref.WeakSet()
 
 
-@atexit.register
 def _stop_all_preparing() -> None:
     for m in list(_PREPARING):
         m.stop_preparing()

@@ -109,9 +109,10 @@ class Tokenizer:
     given. `model` is "gpt2" (give `merges`) or "llama" (give `scores`, or none: all 0 as in
     llama.cpp). `role_ids` maps roles of `ROLE_KEYS` ("eot", "fim_pad", ...) to the ids the file
     names; the roles it leaves out are found by token text, as llama.cpp does. Everything the
-    file can get wrong is checked here; an SPM vocabulary's `tokenizers` tables are built at the
-    first tokenize (seconds for a 262k vocabulary; detokenizing and the special tokens do not
-    need them).
+    file can get wrong is checked here; the `tokenizers` tables are built at the first use that
+    needs them (tokenize, and a BPE vocabulary's detokenize): seconds and ~125 MB for a 262k SPM
+    vocabulary, ~0.05 s and ~18 MB for SmolLM2's 49k BPE one, which a process that is given token
+    ids (`ggx bench`, a server fed ids) does not pay.
     """
 
     def __init__(self, vocab: Sequence[str], merges: Sequence[str] = (), token_types: Sequence[int] | None = None,
@@ -151,27 +152,26 @@ class Tokenizer:
         self._hidden |= forced_control
         self.special_ids = self._hidden | set(np.flatnonzero(kinds == TOKEN_TYPE_USER_DEFINED).tolist())
         self._hf = None  # the `tokenizers.Tokenizer`, built by `_tok`
-        #: seconds the first tokenize spent building an SPM vocabulary's tables (0 until then)
+        #: seconds the first use spent building the vocabulary's tables (0 until then)
         self.build_s = 0.0
         self._build_lock = threading.Lock()
+        # the file's mistakes are found here; the build waits for a first use
         if model == "llama":
-            self._check_spm(scores)  # the file's mistakes are found here; the build waits for a first use
+            self._check_spm(scores)
         else:
-            self._hf = self._with_specials(self._build_gpt2(merges, pre))
+            self._check_gpt2(merges, pre)
 
     @property
     def _tok(self):
-        """The `tokenizers.Tokenizer`. An SPM vocabulary's is built at its first use: ranking the
-        merges of a 262k vocabulary and building the library's tables takes seconds and ~125 MB,
-        which a process that never turns text into tokens (`ggx bench`) does not pay."""
+        """The `tokenizers.Tokenizer`, built at its first use (see the class docstring)."""
         tok = self._hf
         if tok is None:
             with self._build_lock:
                 if self._hf is None:
                     t0 = time.perf_counter()
-                    self._hf = self._with_specials(self._build_spm())
+                    self._hf = self._with_specials(self._build_spm() if self.model == "llama" else self._build_gpt2())
                     self.build_s = time.perf_counter() - t0
-                    self._score = None
+                    self._score = self._pairs = None
                     trim_heap()  # the merges' garbage, given back
                 tok = self._hf
         return tok
@@ -183,26 +183,36 @@ class Tokenizer:
                         for i in sorted(self.special_ids)])
         return tok
 
-    def _build_gpt2(self, merges: Sequence[str], pre: str):
-        from tokenizers import Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
-
+    def _check_gpt2(self, merges: Sequence[str], pre: str) -> None:
+        """The BPE merges and pre-tokenizer, checked and kept for the build (`_pairs`, `_pre`)."""
         if pre not in _PRE_SPLITS:
             raise GGXUnsupported(f"pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(_PRE_SPLITS))})")
-        index: dict[str, int] = {}
-        for i, tok in enumerate(self.vocab):
-            index.setdefault(tok, i)  # a duplicated token keeps its first id
+        known = set(self.vocab)
         pairs = []
         for m in merges:
             parts = m.split(" ") if isinstance(m, str) else []
             if len(parts) != 2:
                 raise GGXFormatError(f"tokenizer merge {m!r} is not two space-separated tokens")
+            if parts[0] not in known or parts[1] not in known or parts[0] + parts[1] not in known:
+                raise GGXFormatError(f"tokenizer merge {m!r} names a token the vocabulary does not have: "
+                                     "the vocabulary and merges do not form a BPE tokenizer")
             pairs.append((parts[0], parts[1]))
+        self._pairs: list[tuple[str, str]] | None = pairs
+        self._pre = pre
+
+    def _build_gpt2(self):
+        from tokenizers import Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        index: dict[str, int] = {}
+        for i, tok in enumerate(self.vocab):
+            index.setdefault(tok, i)  # a duplicated token keeps its first id
         try:
-            bpe = models.BPE(vocab=index, merges=pairs, fuse_unk=False)
-        except Exception as e:  # tokenizers raises plain Exceptions for merges naming unknown tokens
+            bpe = models.BPE(vocab=index, merges=self._pairs, fuse_unk=False)
+        except Exception as e:  # tokenizers raises plain Exceptions
             raise GGXFormatError(f"the vocabulary and merges do not form a BPE tokenizer: {e}") from None
         tok = HFTokenizer(bpe)
+        pre = self._pre
         splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in _PRE_SPLITS[pre]]
         use_gpt2_regex = pre not in ("llama-bpe", "llama3", "qwen2")
         tok.pre_tokenizer = pre_tokenizers.Sequence(
