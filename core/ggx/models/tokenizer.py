@@ -171,7 +171,7 @@ class Tokenizer:
                     t0 = time.perf_counter()
                     self._hf = self._with_specials(self._build_spm() if self.model == "llama" else self._build_gpt2())
                     self.build_s = time.perf_counter() - t0
-                    self._score = self._pairs = None
+                    self._score = self._merges = None
                     trim_heap()  # the merges' garbage, given back
                 tok = self._hf
         return tok
@@ -184,11 +184,11 @@ class Tokenizer:
         return tok
 
     def _check_gpt2(self, merges: Sequence[str], pre: str) -> None:
-        """The BPE merges and pre-tokenizer, checked and kept for the build (`_pairs`, `_pre`)."""
+        """The BPE merges and pre-tokenizer, checked and kept as given for the build (`_merges`,
+        `_pre`: the file's list, not a split copy of it, which would cost as much as the tables)."""
         if pre not in _PRE_SPLITS:
             raise GGXUnsupported(f"pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(_PRE_SPLITS))})")
         known = set(self.vocab)
-        pairs = []
         for m in merges:
             parts = m.split(" ") if isinstance(m, str) else []
             if len(parts) != 2:
@@ -196,8 +196,7 @@ class Tokenizer:
             if parts[0] not in known or parts[1] not in known or parts[0] + parts[1] not in known:
                 raise GGXFormatError(f"tokenizer merge {m!r} names a token the vocabulary does not have: "
                                      "the vocabulary and merges do not form a BPE tokenizer")
-            pairs.append((parts[0], parts[1]))
-        self._pairs: list[tuple[str, str]] | None = pairs
+        self._merges: Sequence[str] | None = merges
         self._pre = pre
 
     def _build_gpt2(self):
@@ -208,7 +207,7 @@ class Tokenizer:
         for i, tok in enumerate(self.vocab):
             index.setdefault(tok, i)  # a duplicated token keeps its first id
         try:
-            bpe = models.BPE(vocab=index, merges=self._pairs, fuse_unk=False)
+            bpe = models.BPE(vocab=index, merges=[tuple(m.split(" ")) for m in self._merges], fuse_unk=False)
         except Exception as e:  # tokenizers raises plain Exceptions
             raise GGXFormatError(f"the vocabulary and merges do not form a BPE tokenizer: {e}") from None
         tok = HFTokenizer(bpe)
