@@ -181,7 +181,9 @@ class TransformedBuffer(_OwnedHostMemory):
     whole contiguous tensor (offset 0, all of its ggml bytes) and stores `transform(tensor,
     data)` at the tensor's offset; `get_tensor` raises GGXUnsupported; `cpy_tensor` declines;
     `memset_tensor` and `clear` fill raw bytes (as ggml's do, so allocators can clear and guard
-    it). Subclasses give `transform` and say in `transformed` what it did ("repacked").
+    it). Subclasses give `transform` and say in `transformed` what it did ("repacked"); one that
+    can write its layout piece by piece overrides `transform_into` too, so that setting a large
+    weight holds no whole transformed copy beside the buffer.
     """
 
     transformed = "transformed"
@@ -193,6 +195,15 @@ class TransformedBuffer(_OwnedHostMemory):
         """The bytes `tensor` is stored as, from its ggml bytes `data` (uint8); GGXUnsupported
         naming why for a weight this buffer type cannot take."""
         raise NotImplementedError
+
+    def transform_into(self, tensor: Tensor, data: np.ndarray, out: np.ndarray) -> None:
+        """Write `transform(tensor, data)` into `out` (the tensor's bytes of this buffer, its
+        get_alloc_size long)."""
+        packed = self.transform(tensor, data)
+        if packed.size > out.size:
+            raise GGXShapeError(f"{self.buft.name}: {tensor.describe()} transformed to {packed.size} bytes, more "
+                                f"than the {out.size} its buffer type allocates for it")
+        out[:packed.size] = packed
 
     def packed_bytes(self) -> np.ndarray:
         """The buffer's bytes, weights as `transform` left them (what the kernels read)."""
@@ -207,13 +218,11 @@ class TransformedBuffer(_OwnedHostMemory):
         if tensor.view_src is not None or not tensor.is_contiguous():
             raise GGXUnsupported(f"{name}: {tensor.describe()} is a view or not contiguous; only whole "
                                  f"contiguous weights are {self.transformed}")
-        memory = self.packed_bytes()
-        packed = self.transform(tensor, data)
-        start = tensor.data_offset
-        if start + packed.size > self.size:
-            raise GGXShapeError(f"{name}: {tensor.describe()} needs bytes {start}..{start + packed.size} of a "
+        start, size = tensor.data_offset, self.buft.get_alloc_size(tensor)
+        if start + size > self.size:
+            raise GGXShapeError(f"{name}: {tensor.describe()} needs bytes {start}..{start + size} of a "
                                 f"{self.size}-byte buffer (allocate get_alloc_size bytes)")
-        memory[start: start + packed.size] = packed
+        self.transform_into(tensor, data, self.packed_bytes()[start: start + size])
 
     def get_tensor(self, tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
         raise GGXUnsupported(f"{self.buft.name} is write-only: {tensor.describe()} was {self.transformed} and "

@@ -32,7 +32,7 @@ from ggx.tensor import Tensor
 from ggx.types import GType
 from ggx_cpu.traits import CpuExtraBufferType, expert_offsets
 
-from .layouts import Layout, optimal_layout, repack
+from .layouts import Layout, optimal_layout, repack_into
 
 NAME = "CPU_REPACK"
 
@@ -53,12 +53,17 @@ class RepackBuffer(TransformedBuffer):
             tensor.extra = self.buft.layout_for(tensor)
 
     def transform(self, tensor: Tensor, data: np.ndarray) -> np.ndarray:
+        out = np.empty(self.buft.get_alloc_size(tensor), np.uint8)
+        self.transform_into(tensor, data, out)
+        return out
+
+    def transform_into(self, tensor: Tensor, data: np.ndarray, out: np.ndarray) -> None:
         lay = self.buft.layout_for(tensor)
         if lay is None:
             raise GGXUnsupported(f"{NAME}: {tensor.describe()} has no repacked layout on this CPU "
                                  f"(ISA {_isa()}); keep it in the plain CPU buffer")
         tensor.extra = lay
-        return repack(lay, data, tensor.ne)
+        repack_into(lay, data, tensor.ne, out)
 
 
 class RepackBufferType(CpuExtraBufferType):

@@ -271,6 +271,29 @@ def repack(lay: Layout, raw: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(-1)
 
 
+#: source bytes repacked at a time by `repack_into`
+REPACK_CHUNK = 4 << 20
+
+
+def repack_into(lay: Layout, raw: np.ndarray, ne: tuple[int, ...], out: np.ndarray) -> None:
+    """`repack(lay, raw, ne)` written into `out` a few MB of rows at a time: groups of rows (of
+    every matrix, the experts one after the other) are repacked on their own into bytes that
+    follow each other, so no whole repacked copy is held beside `out` (a 262k-token embedding's
+    was ~180 MB more at load)."""
+    raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+    K, rows = ne[0], ne[1] * ne[2] * ne[3]
+    row_bytes = K // lay.gtype.block_size * lay.gtype.type_size
+    if rows % lay.nrows or raw.size != rows * row_bytes:
+        repack(lay, raw, ne)  # names the mistake
+        raise GGXShapeError(f"{lay.name}: {raw.size} bytes given for a tensor of ne={list(ne)}")
+    step = max(lay.nrows, REPACK_CHUNK // row_bytes // lay.nrows * lay.nrows)
+    span = lay.packed_nbytes((K, lay.nrows, 1, 1))  # bytes of one group of rows
+    for r in range(0, rows, step):
+        n = min(step, rows - r)
+        a = r // lay.nrows * span
+        out[a: a + n // lay.nrows * span] = repack(lay, raw[r * row_bytes: (r + n) * row_bytes], (K, n, 1, 1))
+
+
 def unpack(lay: Layout, packed: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
     """The inverse of `repack`: the layout's bytes -> ggml block bytes (for tests and debugging)."""
     K, M = ne[0], ne[1]

@@ -145,3 +145,21 @@ def test_forced_layout_wins_when_rows_divide(monkeypatch):
     assert optimal_layout(GType.Q4_0, 12, "avx2").name == "q4_0_4x4"
     assert optimal_layout(GType.Q4_0, 6, "avx2") is None
     assert optimal_layout(GType.Q8_0, 8, "avx2").name == "q8_0_4x4"  # other types: the table
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_repack_into_writes_what_repack_gives_a_few_rows_at_a_time(name, monkeypatch):
+    """Repacked in chunks of rows (here 1 to 3 groups: experts and chunk ends fall anywhere
+    between groups), the bytes are repack's."""
+    from ggx_repack import layouts
+
+    lay = LAYOUTS[name]
+    K, M, E = 512, 4 * lay.nrows, 3
+    raw = quantize(np.random.default_rng(4).standard_normal((E * M, K)).astype(np.float32), lay.gtype).reshape(-1)
+    want = repack(lay, raw, (K, M, E, 1))
+    row_bytes = K // lay.gtype.block_size * lay.gtype.type_size
+    for groups in (1, 3, 100):
+        monkeypatch.setattr(layouts, "REPACK_CHUNK", groups * lay.nrows * row_bytes)
+        out = np.full(want.size + 8, 0xAB, np.uint8)
+        layouts.repack_into(lay, raw, (K, M, E, 1), out)
+        assert np.array_equal(out[:want.size], want) and (out[want.size:] == 0xAB).all()
