@@ -172,6 +172,10 @@ def select_buft(weight: Tensor, op: Tensor | OpBuilder, bufts: Iterable[BufferTy
 #: faster on the reference workload (its time * (1 + MARGIN) < the priority choice's): timing
 #: noise between two tunes then cannot flip a choice back and forth.
 MARGIN = 0.10
+#: The margin for a choice that costs a second copy of a weight: a tied output matrix leaves the
+#: embedding's buffer type (where it is the embedding itself) only for one this much faster on
+#: its workload (Gemma 3's copy would be 178 MB, ~30 % of its resident memory).
+COPY_MARGIN = 0.5
 
 
 class MeasuredCosts(Protocol):
@@ -180,9 +184,10 @@ class MeasuredCosts(Protocol):
     #: what the figures are, for the report ("tune profile of 2026-12-05, 2 threads")
     basis: str
 
-    def workload_seconds(self, buft: str, gtype: str) -> float | None:
+    def workload_seconds(self, buft: str, gtype: str, prompt: bool = True) -> float | None:
         """Seconds of the reference workload over one weight of type `gtype` in buffer type `buft`
-        (one 512-token prompt and 128 decode steps), or None when not measured."""
+        (one 512-token prompt and 128 decode steps; `prompt` False: a weight a prompt reads for
+        one row only), or None when not measured."""
 
     def compare(self, buft: str, other: str, gtype: str) -> str:
         """`buft`'s speed relative to `other` for `gtype`, for messages: "0.60x CPU_REPACK for
@@ -250,8 +255,9 @@ class BuftChooser:
             kept.append(text)
 
     def select(self, weight: Tensor, op: Tensor | OpBuilder, bufts: Iterable[BufferType],
-               refusals: dict[BufferType, str] | None = None) -> BufferType:
-        """The buffer type of `weight` (read by `op`) among `bufts` (in priority order)."""
+               refusals: dict[BufferType, str] | None = None, margin: float = MARGIN) -> BufferType:
+        """The buffer type of `weight` (read by `op`) among `bufts` (in priority order); a measured
+        one replaces the priority choice when faster by `margin`."""
         if callable(op) and not isinstance(op, Tensor):
             op = op(Context(), weight)
         bufts = list(bufts)
@@ -262,14 +268,16 @@ class BuftChooser:
         if self.costs is None or op.op not in (Op.MUL_MAT, Op.MUL_MAT_ID):
             return first
         gtype = weight.type.name
-        base = self.costs.workload_seconds(first.name, gtype)
+        b_ne = op.src[1].ne
+        prompt = b_ne[1] * b_ne[2] * b_ne[3] > 1  # the representative op's rows: 1 for the output matrix
+        base = self.costs.workload_seconds(first.name, gtype, prompt)
         if base is None:  # the priority choice was not measured (a device's own memory, emulation)
             return first
         timed = [(s, b) for b in bufts if b is not first
-                 for s in [self.costs.workload_seconds(b.name, gtype)] if s is not None
+                 for s in [self.costs.workload_seconds(b.name, gtype, prompt)] if s is not None
                  and _why_refused(b, weight, op) is None]
         best_s, best = min(timed, key=lambda x: x[0], default=(base, first))
-        if best is not first and best_s * (1 + MARGIN) < base:
+        if best is not first and best_s * (1 + margin) < base:
             self._note(best, f"{gtype} {base / best_s:.2f}x {first.name}")
             self.losses.setdefault(id(first), f"{first.name} {self.costs.compare(first.name, best.name, gtype)}")
             return best
@@ -280,7 +288,7 @@ class BuftChooser:
                     self.losses.setdefault(id(b), f"{b.name} {self.costs.compare(b.name, first.name, gtype)}")
                 else:
                     self.losses.setdefault(id(b), f"{b.name} {base / s:.2f}x {first.name} for {gtype} on this "
-                                                  f"CPU, within the {MARGIN:.0%} margin: the priority order stands")
+                                                  f"CPU, within the {margin:.0%} margin: the priority order stands")
         return first
 
     def _forced(self, weight: Tensor, op: Tensor, bufts: list[BufferType], pattern: re.Pattern,
@@ -332,10 +340,10 @@ class PlacementReport:
         type placed but not a candidate (chosen by the loader directly) is listed after them.
         `chooser` adds its figures and the reason a measured candidate got nothing."""
         refusals = dict(refusals or {})
-        if chooser is not None:
+        if chooser is not None:  # a measured loss says more than the refusal of some weight's op
             for b in candidates:
                 if id(b) in chooser.losses:
-                    refusals.setdefault(b, chooser.losses[id(b)])
+                    refusals[b] = chooser.losses[id(b)]
         order = list(candidates)
         counts: dict[int, list[int]] = {}
         for t, b in placed:

@@ -113,11 +113,15 @@ class Profile:
     def seconds(self, buft: str, gtype: str, n: int) -> float | None:
         return self.timings.get((buft, gtype, n))
 
-    def workload_seconds(self, buft: str, gtype: str) -> float | None:
+    def workload_seconds(self, buft: str, gtype: str, prompt: bool = True) -> float | None:
         """Seconds of one `prompt`-token prompt and `decode` decode steps over the reference
-        weight of `gtype` in `buft` (None: not measured at both batches)."""
+        weight of `gtype` in `buft` (None: not measured at both batches). `prompt` False: a weight
+        a prompt reads for one row only (the output matrix: a prompt's logits are its last
+        token's), so the prompt costs one more step at batch 1."""
         pp, tg = self.seconds(buft, gtype, self.prompt), self.seconds(buft, gtype, 1)
-        return None if pp is None or tg is None else pp + self.decode * tg
+        if tg is None or (prompt and pp is None):
+            return None
+        return (pp if prompt else tg) + self.decode * tg
 
     def compare(self, buft: str, other: str, gtype: str) -> str:
         """"0.60x CPU_REPACK for Q6_K on this CPU (batch 1: 0.74x, a 512-token prompt: 0.55x)":

@@ -90,3 +90,28 @@ def test_run_names_the_override_and_the_basis(tiny_llama, repack_first, capsys):
     assert line.endswith("(by priority order (GGX_TUNE_PROFILE=off))")  # the tests' setting (conftest.py)
     assert main(["run", str(tiny_llama), "--device", "CPU", "-ot", "(=CPU"]) == 2
     assert "not a regular expression" in capsys.readouterr().err
+
+
+def _q8_profile(repack_s: float, cpu_s: float, repack_prompt_s: float, cpu_prompt_s: float) -> Profile:
+    """Q8_0 (the tiny model's embedding, so its tied output matrix) timed made-up at both batches."""
+    return Profile({"cpu": "made up"}, 2, {("CPU_REPACK", "Q8_0", 1): repack_s, ("CPU", "Q8_0", 1): cpu_s,
+                                           ("CPU_REPACK", "Q8_0", 512): repack_prompt_s,
+                                           ("CPU", "Q8_0", 512): cpu_prompt_s}, created="test")
+
+
+@pytest.mark.parametrize("batch1_ratio, copied", [(1.3, False), (2.0, True)])
+def test_a_tied_output_is_held_once_unless_a_copy_is_much_faster(tiny_llama, repack_first, batch1_ratio, copied):
+    """The output matrix is the embedding itself (in its plain buffer type) unless another buffer
+    type computes it COPY_MARGIN faster; a prompt reads it for one row, so only batch 1 counts
+    (a 10x faster 512-row product changes nothing)."""
+    m = load_model(tiny_llama, devices=["CPU"], n_ctx=64, warmup=False,
+                   tune_profile=_q8_profile(1e-4, batch1_ratio * 1e-4, 1e-3, 1e-2))
+    out, embd = m.weights["output.weight"], m.weights["token_embd.weight"]
+    assert (out is not embd) == copied
+    assert out.buffer.buft.name == ("CPU_REPACK" if copied else embd.buffer.buft.name)
+    assert len(list(m.generate("Hello", 2, stop_at_eos=False))) == 2
+
+
+def test_without_a_profile_the_tied_output_follows_the_priority_order(tiny_llama, repack_first):
+    m = load_model(tiny_llama, devices=["CPU"], n_ctx=64, warmup=False, tune_profile=False)
+    assert m.weights["output.weight"].buffer.buft.name == "CPU_REPACK"

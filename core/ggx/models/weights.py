@@ -29,7 +29,7 @@ import numpy as np
 
 from ..backend import Buffer, BufferType, BufferUsage, Device
 from ..graph import Context
-from ..placement import BuftChooser, LayerSplit, PlacementReport, alloc_weights
+from ..placement import COPY_MARGIN, MARGIN, BuftChooser, LayerSplit, PlacementReport, alloc_weights
 from ..tensor import Tensor, TensorFlag
 from ..types import GType
 from .gguf_file import GGUFFile
@@ -52,6 +52,8 @@ def representative_op(w: Tensor, name: str, hp: HParams) -> Tensor:
                         ctx.tensor(GType.I32, [_REPR_TOKENS]), hp.n_rot, hp.rope_mode, freq_factors=w)
     if name == "token_embd.weight":  # read by get_rows (and, when tied, by the output mul_mat too)
         return ctx.get_rows(w, ctx.tensor(GType.I32, [_REPR_TOKENS]))
+    if name == OUTPUT:  # a prompt computes its last token's logits only: one row, as a decode step
+        return ctx.mul_mat(w, ctx.tensor(GType.F32, [w.ne[0], 1]))
     if name.endswith("_exps.weight"):
         n_used = max(hp.n_expert_used, 1)
         return ctx.mul_mat_id(w, ctx.tensor(GType.F32, [w.ne[0], n_used, _REPR_TOKENS]),
@@ -150,10 +152,11 @@ def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
     `fuse` stacks Q, K, V (and gate, up) of a layer into one weight, so one mul_mat replaces
     three (two): each output row is the same dot product of the same quantized activations, so
     results are bit-identical, and a decode step launches 90 fewer kernels.
-    A tied output matrix (no output.weight in the file) gets its own copy of token_embd when the
-    mul_mat that reads it is placed in another buffer type than the get_rows that reads the
-    embedding (llama.cpp's TENSOR_DUPLICATED): e.g. repacked for the output, plain for get_rows.
-    Otherwise "output.weight" is the embedding tensor itself.
+    A tied output matrix (no output.weight in the file) is the embedding tensor itself, held
+    once, unless it is placed in another buffer type than the embedding: it then gets its own
+    copy of token_embd (llama.cpp's TENSOR_DUPLICATED), e.g. repacked for the output, plain for
+    get_rows. With a measured profile the embedding's buffer type is its priority choice, left
+    only for one faster by `COPY_MARGIN`; without one the priority order decides.
     `host_experts` keeps MoE expert stacks in host memory (llama.cpp's --cpu-moe): a MUL_MAT_ID
     offloaded to an accelerator then gets only the experts it uses, through the copy callback.
     `use_mmap` maps the weights a plain host buffer type takes (see the module docstring); the
@@ -198,7 +201,12 @@ def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
         else:
             mine = bufts_of(name)
             seen.extend(b for b in mine if not any(b is s for s in seen))
-            buft = chooser.select(t, representative_op(t, name, hp), mine, refusals)
+            margin = MARGIN
+            if (name == OUTPUT and hp.tied_output and chooser.costs is not None
+                    and any(b is placed_in.get(EMBD) for b in mine)):
+                mine = [placed_in[EMBD]] + [b for b in mine if b is not placed_in[EMBD]]
+                margin = COPY_MARGIN
+            buft = chooser.select(t, representative_op(t, name, hp), mine, refusals, margin)
         if name == OUTPUT and hp.tied_output and buft is placed_in[EMBD]:
             weights[OUTPUT] = weights[EMBD]  # same buffer type as the embedding: no copy
             continue
