@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from ggx_cuda.driver import driver_runs
+from ggx_cuda import driver as driver_module
+from ggx_cuda.driver import driver_runs, no_driver_library
 
 
 @pytest.mark.parametrize("driver, runtime, runs", [
@@ -14,6 +15,28 @@ from ggx_cuda.driver import driver_runs
 ])
 def test_driver_runs(driver, runtime, runs):
     assert driver_runs(driver, runtime) is runs
+
+
+def test_no_driver_library_is_found_without_importing_cupy(monkeypatch):
+    """Where libcuda.so.1 cannot be loaded (or CuPy is not there) the probe says why without
+    importing CuPy; where it loads, CuPy decides."""
+    import ctypes
+    import importlib.util
+
+    def no_lib(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(driver_module.sys, "platform", "linux")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(ctypes, "CDLL", no_lib)
+    assert no_driver_library() == "no CUDA driver: libcuda.so.1 cannot be loaded"
+    assert driver_module.CupyDriver().probe() == ([], "no CUDA driver: libcuda.so.1 cannot be loaded")
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: object())
+    assert no_driver_library() == ""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert no_driver_library().startswith("CuPy is not installed")
+    monkeypatch.setattr(driver_module.sys, "platform", "win32")
+    assert no_driver_library() == ""
 
 
 # --- CupyDriver over a stand-in for CuPy: what runs with which device current ---------------------
