@@ -165,7 +165,7 @@ def test_qwen2_pre_tokenizer_splits_digits_one_by_one(smollm2_path):
     text = "I'm 12345 cats\n\n  don't!"
 
     def pieces(pre):
-        hf = Tokenizer(vocab, merges, pre=pre)._hf
+        hf = Tokenizer(vocab, merges, pre=pre)._tok  # the `tokenizers` object, built at first use
         return [p for p, _ in hf.pre_tokenizer.pre_tokenize_str(text)]
 
     qwen, llama3 = pieces("qwen2"), pieces("llama3")
