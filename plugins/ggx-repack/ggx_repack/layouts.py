@@ -281,11 +281,9 @@ def repack_into(lay: Layout, raw: np.ndarray, ne: tuple[int, ...], out: np.ndarr
     follow each other, so no whole repacked copy is held beside `out` (a 262k-token embedding's
     was ~180 MB more at load)."""
     raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+    _grouped(lay, raw, ne)  # repack's checks: every matrix's rows divide by the group, the bytes fit ne
     K, rows = ne[0], ne[1] * ne[2] * ne[3]
     row_bytes = K // lay.gtype.block_size * lay.gtype.type_size
-    if rows % lay.nrows or raw.size != rows * row_bytes:
-        repack(lay, raw, ne)  # names the mistake
-        raise GGXShapeError(f"{lay.name}: {raw.size} bytes given for a tensor of ne={list(ne)}")
     step = max(lay.nrows, REPACK_CHUNK // row_bytes // lay.nrows * lay.nrows)
     span = lay.packed_nbytes((K, lay.nrows, 1, 1))  # bytes of one group of rows
     for r in range(0, rows, step):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ggx.errors import GGXShapeError
 from ggx.quants import quantize
 from ggx.types import GType
 from ggx_repack.layouts import LAYOUTS, interleave, k4_pack_scales, k4_scales_mins, optimal_layout, repack, unpack
@@ -163,3 +164,7 @@ def test_repack_into_writes_what_repack_gives_a_few_rows_at_a_time(name, monkeyp
         out = np.full(want.size + 8, 0xAB, np.uint8)
         layouts.repack_into(lay, raw, (K, M, E, 1), out)
         assert np.array_equal(out[:want.size], want) and (out[want.size:] == 0xAB).all()
+    # a matrix whose rows do not divide by the group is refused, even where all experts' do
+    odd = raw[: 2 * (M - lay.nrows // 2) * row_bytes]
+    with pytest.raises(GGXShapeError, match="do not divide"):
+        layouts.repack_into(lay, odd, (K, M - lay.nrows // 2, 2, 1), np.empty(want.size, np.uint8))
