@@ -189,9 +189,10 @@ class MeasuredCosts(Protocol):
         (one 512-token prompt and 128 decode steps; `prompt` False: a weight a prompt reads for
         one row only), or None when not measured."""
 
-    def compare(self, buft: str, other: str, gtype: str) -> str:
-        """`buft`'s speed relative to `other` for `gtype`, for messages: "0.60x CPU_REPACK for
-        Q6_K on this CPU (batch 1: 0.74x, a 512-token prompt: 0.55x)"."""
+    def compare(self, buft: str, other: str, gtype: str, prompt: bool = True) -> str:
+        """`buft`'s speed relative to `other` for `gtype` on the workload (`prompt` as in
+        `workload_seconds`), for messages: "0.60x CPU_REPACK for Q6_K on this CPU (batch 1: 0.74x,
+        a 512-token prompt: 0.55x)"."""
 
 
 def parse_buft_overrides(overrides: Mapping[str, str] | Iterable[str | tuple[str | re.Pattern, str]] | None
@@ -279,13 +280,14 @@ class BuftChooser:
         best_s, best = min(timed, key=lambda x: x[0], default=(base, first))
         if best is not first and best_s * (1 + margin) < base:
             self._note(best, f"{gtype} {base / best_s:.2f}x {first.name}")
-            self.losses.setdefault(id(first), f"{first.name} {self.costs.compare(first.name, best.name, gtype)}")
+            self.losses.setdefault(id(first),
+                                   f"{first.name} {self.costs.compare(first.name, best.name, gtype, prompt)}")
             return best
         for s, b in timed:
             if b is not first:
                 self._note(first, f"{gtype} {s / base:.2f}x {b.name}")
                 if s >= base:
-                    self.losses.setdefault(id(b), f"{b.name} {self.costs.compare(b.name, first.name, gtype)}")
+                    self.losses.setdefault(id(b), f"{b.name} {self.costs.compare(b.name, first.name, gtype, prompt)}")
                 else:
                     self.losses.setdefault(id(b), f"{b.name} {base / s:.2f}x {first.name} for {gtype} on this "
                                                   f"CPU, within the {margin:.0%} margin: the priority order stands")

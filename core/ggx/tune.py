@@ -123,14 +123,15 @@ class Profile:
             return None
         return (pp if prompt else tg) + self.decode * tg
 
-    def compare(self, buft: str, other: str, gtype: str) -> str:
+    def compare(self, buft: str, other: str, gtype: str, prompt: bool = True) -> str:
         """"0.60x CPU_REPACK for Q6_K on this CPU (batch 1: 0.74x, a 512-token prompt: 0.55x)":
-        `buft`'s speed relative to `other` on the workload and per batch."""
+        `buft`'s speed relative to `other` on the workload (`prompt` as in `workload_seconds`)
+        and per batch."""
         def ratio(a: float | None, b: float | None) -> str:
             return f"{b / a:.2f}x" if a and b else "?"
-        return (f"{ratio(self.workload_seconds(buft, gtype), self.workload_seconds(other, gtype))} {other} for "
-                f"{gtype} on this CPU (batch 1: {ratio(self.seconds(buft, gtype, 1), self.seconds(other, gtype, 1))}"
-                f", a {self.prompt}-token prompt: "
+        workload = ratio(self.workload_seconds(buft, gtype, prompt), self.workload_seconds(other, gtype, prompt))
+        batch1 = ratio(self.seconds(buft, gtype, 1), self.seconds(other, gtype, 1))
+        return (f"{workload} {other} for {gtype} on this CPU (batch 1: {batch1}, a {self.prompt}-token prompt: "
                 f"{ratio(self.seconds(buft, gtype, self.prompt), self.seconds(other, gtype, self.prompt))})")
 
     def stale(self, current: dict) -> str | None:

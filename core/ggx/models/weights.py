@@ -201,11 +201,9 @@ def load_weights(f: GGUFFile, hp: HParams, expected: dict[str, tuple[int, ...]],
         else:
             mine = bufts_of(name)
             seen.extend(b for b in mine if not any(b is s for s in seen))
-            margin = MARGIN
-            if (name == OUTPUT and hp.tied_output and chooser.costs is not None
-                    and any(b is placed_in.get(EMBD) for b in mine)):
-                mine = [placed_in[EMBD]] + [b for b in mine if b is not placed_in[EMBD]]
-                margin = COPY_MARGIN
+            margin, embd = MARGIN, placed_in.get(EMBD)
+            if name == OUTPUT and hp.tied_output and chooser.costs is not None and any(b is embd for b in mine):
+                mine, margin = [embd] + [b for b in mine if b is not embd], COPY_MARGIN
             buft = chooser.select(t, representative_op(t, name, hp), mine, refusals, margin)
         if name == OUTPUT and hp.tied_output and buft is placed_in[EMBD]:
             weights[OUTPUT] = weights[EMBD]  # same buffer type as the embedding: no copy

@@ -171,11 +171,8 @@ class Engine:
             return
         if e.token is not None:
             self.counters.generated_tokens += 1
-            if job.logprobs:
-                top = _top(e.logits, job.top_logprobs) if job.top_logprobs and e.logits is not None else []
-                self._send(job, Token(e.token, e.text, e.logprob, top))
-            else:
-                self._send(job, Token(e.token, e.text, None, []))
+            top = _top(e.logits, job.top_logprobs) if job.logprobs and job.top_logprobs and e.logits is not None else []
+            self._send(job, Token(e.token, e.text, e.logprob if job.logprobs else None, top))
         if e.finish_reason is not None:
             self._jobs.pop(id(e.sequence), None)
             self._send(job, Done(e.finish_reason, len(e.sequence.generated)))
