@@ -104,6 +104,9 @@ setup() {
     local isa="isa=${GGX_CPU_ISA:-}"
     if [[ ! -f $COMPILED || $(<"$COMPILED") != "$isa" ||
           -n $(find core/ggx plugins/*/ggx_* -name '*.py' -newer "$COMPILED" -print -quit) ]]; then
+        # Python's bytecode too: where the environment asks Python not to write it
+        # (PYTHONDONTWRITEBYTECODE), every start would compile ggx's sources again (~0.15 s)
+        "$PY" -m compileall -q core/ggx plugins/*/ggx_* >/dev/null
         # not fatal: a kernel that fails to compile fails its tests too, which say more
         if "$VENV/bin/ggx" compile; then
             echo "$isa" >"$COMPILED"

@@ -20,8 +20,6 @@ sequentially in C's order, so that every byte matches what ggml writes.
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf import quants as gguf_quants
 
 from .errors import GGXShapeError
 from .types import GType
@@ -32,20 +30,19 @@ _f32 = np.float32
 QK_K = 256
 GROUP_MAX_EPS = _f32(1e-15)  # ggml's "this group is all zero" threshold
 
-# Types the gguf package quantizes bit-exactly with ggml (checked against ggml's own bytes).
-_GGUF_QUANTIZE = {
-    GType.Q4_0: GGMLQuantizationType.Q4_0,
-    GType.Q4_1: GGMLQuantizationType.Q4_1,
-    GType.Q5_0: GGMLQuantizationType.Q5_0,
-    GType.Q8_0: GGMLQuantizationType.Q8_0,
-    GType.BF16: GGMLQuantizationType.BF16,
-}
-_GGUF_DEQUANTIZE = {
-    **_GGUF_QUANTIZE,
-    GType.Q4_K: GGMLQuantizationType.Q4_K,
-    GType.Q5_K: GGMLQuantizationType.Q5_K,
-    GType.Q6_K: GGMLQuantizationType.Q6_K,
-}
+# Types the gguf package quantizes bit-exactly with ggml (checked against ggml's own bytes). The
+# package is imported at its first use: loading a model quantizes nothing with it.
+_GGUF_QUANTIZE = frozenset({GType.Q4_0, GType.Q4_1, GType.Q5_0, GType.Q8_0, GType.BF16})
+_GGUF_DEQUANTIZE = _GGUF_QUANTIZE | {GType.Q4_K, GType.Q5_K, GType.Q6_K}
+
+
+def _gguf():
+    """(the gguf package's quants module, its enum of ggml types)."""
+    from gguf import GGMLQuantizationType, quants
+
+    return quants, GGMLQuantizationType
+
+
 # Blocks quantized per numpy pass by the K-quant code: bounds its temporaries (~50 MB).
 _CHUNK_BLOCKS = 1024
 
@@ -76,7 +73,8 @@ def quantize(array: np.ndarray, gtype: GType, name: str = "tensor") -> np.ndarra
     if gtype == GType.F16:
         return fp32_to_fp16(x).view(np.uint8).reshape(out_shape)
     if gtype in _GGUF_QUANTIZE:
-        return gguf_quants.quantize(x, _GGUF_QUANTIZE[gtype]).reshape(out_shape)
+        gguf_quants, ggml_type = _gguf()
+        return gguf_quants.quantize(x, ggml_type[gtype.name]).reshape(out_shape)
 
     blocks = x.reshape(-1, gtype.block_size)
     out = np.empty((blocks.shape[0], gtype.type_size), dtype=np.uint8)
@@ -113,7 +111,8 @@ def dequantize(data: np.ndarray | bytes, gtype: GType, n: int) -> np.ndarray:
     if n == 0:
         return np.empty(0, dtype=_f32)
     if gtype in _GGUF_DEQUANTIZE:
-        return gguf_quants.dequantize(raw.reshape(1, need), _GGUF_DEQUANTIZE[gtype]).reshape(n)
+        gguf_quants, ggml_type = _gguf()
+        return gguf_quants.dequantize(raw.reshape(1, need), ggml_type[gtype.name]).reshape(n)
     if gtype in (GType.Q8_1, GType.Q8_K):
         # ggml: y = d * q, float32 (Q8_1's s is only used by dot products)
         blocks = raw.view(gtype.block_dtype)

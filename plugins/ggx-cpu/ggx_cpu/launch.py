@@ -24,9 +24,8 @@ run of consecutive jobs into one compiled call (`SequenceLaunch`).
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -65,10 +64,22 @@ def planned(f: Launch, threads: int) -> Launch:
 
 
 # --- one-thread kernels and parallel regions -------------------------------------------------------------
-class KernelLaunch(functools.partial):
-    """A one-thread kernel's launch: `entry(*args)`, a C-level call, with `kernel` kept for its job."""
+class KernelLaunch:
+    """A one-thread kernel's launch: `kernel(*args)` through its compiled entry point, a C-level
+    call. The entry point is looked up at the first call: inside a fused sequence only the job
+    runs (`steps`), and loading the kernel's own compiled form as well costs each kernel some
+    milliseconds and half a MiB at start-up."""
 
-    kernel: Any
+    __slots__ = ("kernel", "args", "_entry")
+
+    def __init__(self, kernel, args: tuple):
+        self.kernel, self.args, self._entry = kernel, args, None
+
+    def __call__(self) -> None:
+        fn = self._entry
+        if fn is None:
+            fn = self._entry = entry_for(self.kernel, self.args)
+        fn(*self.args)
 
     def steps(self) -> list[Step]:
         return [Step(jobs.job(self.kernel, self.args, 0), None, self)]
@@ -91,16 +102,14 @@ class RegionLaunch:
 
 
 def launch(kernel, *args, n_threads: int = 1) -> Launch:
-    """kernel(*args) as a launch bound to the compiled entry point for these arguments' types:
-    typing happens here, once (the entry point skips numba's per-call dispatch, ~0.1 us an
-    argument, several us for the ISA token). A kernel compiled parallel=True runs its region
-    on n_threads (ggx-cpu's own threaded kernels are split kernels instead: `split`)."""
-    entry_point = entry_for(kernel, args)
+    """kernel(*args) as a launch bound to the compiled entry point for these arguments' types,
+    typed once (the entry point skips numba's per-call dispatch, ~0.1 us an argument, several
+    us for the ISA token): a one-thread kernel at its first call or as its job (`steps`). A
+    kernel compiled parallel=True runs its region on n_threads (ggx-cpu's own threaded kernels
+    are split kernels instead: `split`)."""
     if kernel.targetoptions.get("parallel"):
-        return RegionLaunch(jobs.region_threads(n_threads), entry_point, args)
-    f = KernelLaunch(entry_point, *args)
-    f.kernel = kernel
-    return f
+        return RegionLaunch(jobs.region_threads(n_threads), entry_for(kernel, args), args)
+    return KernelLaunch(kernel, args)
 
 
 def nothing() -> None:
