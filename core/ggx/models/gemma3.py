@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..errors import GGXFormatError
 from ..graph import Context
 from ..ops import GluKind, RopeMode
@@ -37,9 +39,9 @@ def read_hparams(f: GGUFFile) -> HParams:
     n_swa = r.count("attention.sliding_window", 0)
     swa_layers: tuple[bool, ...] = ()
     if n_swa:
-        pattern = f.get(f"{arch}.attention.sliding_window_pattern", (int, list), SWA_PATTERN)
-        if isinstance(pattern, list):  # one flag per layer
-            if len(pattern) != n_layer or not all(isinstance(p, bool | int) for p in pattern):
+        pattern = f.get(f"{arch}.attention.sliding_window_pattern", (int, np.ndarray), SWA_PATTERN)
+        if isinstance(pattern, np.ndarray):  # one flag per layer
+            if pattern.shape != (n_layer,) or pattern.dtype.kind not in "biu":
                 raise GGXFormatError(f"{f.path}: {arch}.attention.sliding_window_pattern must hold "
                                      f"{n_layer} flags, one per layer")
             swa_layers = tuple(bool(p) for p in pattern)

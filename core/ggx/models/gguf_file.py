@@ -10,8 +10,9 @@ alignment (ggml's gguf reader requires this; it also catches overlaps and mismat
 The `gguf` package's GGUFReader trusts the file (a huge array count makes it loop and allocate
 for ever, a short file gives silently truncated arrays) and reads string arrays element by
 element in slow Python. So `read_header` walks the header itself, bounding every count and
-length by the bytes that remain before reading it (arrays of numbers with one numpy call), and
-every malformation becomes a `GGXFormatError` naming what is wrong and where.
+length by the bytes that remain before reading it (arrays of numbers with one numpy call, kept
+as read-only numpy arrays; arrays of strings or arrays are lists), and every malformation
+becomes a `GGXFormatError` naming what is wrong and where.
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ _SCALARS: dict[int, tuple[str, str]] = {
     12: ("f64", "<d"),
 }
 _STRING, _ARRAY = 8, 9
+#: the kinds of an array value (`GGUFFile.get(key, ARRAY)`): numbers come as a read-only numpy
+#: array, strings and arrays as a list
+ARRAY = (list, np.ndarray)
 
 
 @dataclass(frozen=True)
@@ -106,9 +110,12 @@ class _Cursor:
             name, fmt = _SCALARS[itype]
             size = struct.calcsize(fmt)
             self.need(count * size, f"{what}: {count} elements of {name}")
-            values = np.frombuffer(self.buf, np.dtype(fmt), count, self.pos)
+            # a read-only numpy copy: a vocabulary's scores as Python floats would take 32 bytes a
+            # number (8 MB for 262k tokens), a view would read the file after it may have changed
+            values = np.frombuffer(self.buf, np.dtype(fmt), count, self.pos).copy()
+            values.flags.writeable = False
             self.pos += count * size
-            return values.tolist()
+            return values
         if itype not in (_STRING, _ARRAY):
             raise self.fail(f"{what}: unknown array element type {itype}")
         # every element takes at least 8 bytes (a length or a header): bound the count first

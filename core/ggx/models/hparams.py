@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..errors import GGXFormatError
 from ..ops import RopeMode
 from ..types import GType
-from .gguf_file import GGUFFile
+from .gguf_file import ARRAY, GGUFFile
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class MetadataReader:
         if head_dim_v != head_dim:
             raise GGXFormatError(f"{f.path}: {arch}.attention.value_length {head_dim_v} differs from "
                                  f"{arch}.attention.key_length {head_dim} (ggx needs equal K and V head sizes)")
-        tokens = f.get("tokenizer.ggml.tokens", list, None)
+        tokens = f.get("tokenizer.ggml.tokens", ARRAY, None)
         embd = f.tensor("token_embd.weight")
         n_vocab = u("vocab_size", len(tokens) if tokens is not None else embd.ne[1], least=1)
         if tokens is not None and len(tokens) != n_vocab:

@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import GGXFormatError, GGXUnsupported
 from ..host import trim_heap
 from .gc_pause import gc_paused
-from .gguf_file import GGUFFile
+from .gguf_file import ARRAY, GGUFFile
 
 (TOKEN_TYPE_UNDEFINED, TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED,
  TOKEN_TYPE_UNUSED, TOKEN_TYPE_BYTE) = range(7)
@@ -127,13 +127,14 @@ class Tokenizer:
         vocab = [t or f"[EMPTY_{i}]" for i, t in enumerate(vocab)] if "" in vocab else list(vocab)
         n = len(vocab)
         if token_types is None:
-            types = [TOKEN_TYPE_NORMAL] * n
+            types = np.full(n, TOKEN_TYPE_NORMAL, np.int32)
         else:
-            types = list(token_types)
-            if len(types) != n:
-                raise GGXFormatError(f"{len(types)} token types for {n} tokens")
-            if not set(map(type, types)) <= {int}:
+            types = np.array(token_types)
+            if types.shape != (n,):
+                raise GGXFormatError(f"{len(token_types)} token types for {n} tokens")
+            if n and types.dtype.kind not in "iu":
                 raise GGXFormatError("tokenizer.ggml.token_type must be an array of integers")
+            types = types.astype(np.int32)
         role_ids = dict(role_ids or {})
         for what, tid in [("bos", bos_id), ("eos", eos_id)] + sorted(role_ids.items()):
             if tid is not None and not 0 <= tid < n:
@@ -147,10 +148,9 @@ class Tokenizer:
         self._types = types
         # llama.cpp's token attributes: CONTROL/UNKNOWN render only when asked for, and these plus
         # USER_DEFINED are cut out of the text before the model sees it
-        kinds = np.asarray(types, dtype=np.int64)
-        self._hidden = set(np.flatnonzero(np.isin(kinds, (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN))).tolist())
+        self._hidden = set(np.flatnonzero(np.isin(types, (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN))).tolist())
         self._hidden |= forced_control
-        self.special_ids = self._hidden | set(np.flatnonzero(kinds == TOKEN_TYPE_USER_DEFINED).tolist())
+        self.special_ids = self._hidden | set(np.flatnonzero(types == TOKEN_TYPE_USER_DEFINED).tolist())
         self._hf = None  # the `tokenizers.Tokenizer`, built by `_tok`
         #: seconds the first use spent building the vocabulary's tables (0 until then)
         self.build_s = 0.0
@@ -231,7 +231,7 @@ class Tokenizer:
             if score.dtype.kind not in "iuf":
                 raise GGXFormatError(f"tokenizer.ggml.scores must be an array of numbers, not {score.dtype}")
         self._byte_value: dict[int, int] = {}
-        for i in np.flatnonzero(np.asarray(self._types, dtype=np.int64) == TOKEN_TYPE_BYTE).tolist():
+        for i in np.flatnonzero(self._types == TOKEN_TYPE_BYTE).tolist():
             m = _BYTE_TOKEN.fullmatch(self.vocab[i])
             if m is None:
                 raise GGXFormatError(f"byte token {i} is {self.vocab[i]!r}, not <0xXX>")
@@ -265,7 +265,7 @@ class Tokenizer:
         model = f.get("tokenizer.ggml.model", str)
         if model not in SUPPORTED_MODELS:
             raise GGXUnsupported(f"{f.path}: tokenizer model {model!r} is not supported ({_supported()})")
-        vocab = f.get("tokenizer.ggml.tokens", list)
+        vocab = f.get("tokenizer.ggml.tokens", ARRAY)
         spm = model == "llama"
         n = len(vocab)
 
@@ -276,18 +276,19 @@ class Tokenizer:
             return tid
 
         role_ids = {role: tid for role, key in ROLE_KEYS.items() if (tid := token_id(key)) is not None}
-        kwargs = dict(token_types=f.get("tokenizer.ggml.token_type", list, None),
+        kwargs = dict(token_types=f.get("tokenizer.ggml.token_type", ARRAY, None),
                       bos_id=token_id("tokenizer.ggml.bos_token_id", 1 if spm else None),
                       eos_id=token_id("tokenizer.ggml.eos_token_id", 2 if spm else None),
                       add_bos=bool(f.get("tokenizer.ggml.add_bos_token", bool, spm)),
                       add_eos=bool(f.get("tokenizer.ggml.add_eos_token", bool, False)), model=model,
                       role_ids=role_ids)
+        if spm:
+            kwargs.update(scores=f.get("tokenizer.ggml.scores", ARRAY, None),
+                          add_space_prefix=bool(f.get("tokenizer.ggml.add_space_prefix", bool, True)))
+        else:
+            kwargs.update(merges=f.get("tokenizer.ggml.merges", ARRAY), pre=f.get("tokenizer.ggml.pre", str, "default"))
         try:
-            if spm:
-                return cls(vocab, scores=f.get("tokenizer.ggml.scores", list, None),
-                           add_space_prefix=bool(f.get("tokenizer.ggml.add_space_prefix", bool, True)), **kwargs)
-            return cls(vocab, f.get("tokenizer.ggml.merges", list), pre=f.get("tokenizer.ggml.pre", str, "default"),
-                       **kwargs)
+            return cls(vocab, **kwargs)
         except GGXFormatError as e:
             raise GGXFormatError(f"{f.path}: {e}") from None
 
@@ -357,7 +358,7 @@ def _supported() -> str:
     return "ggx has " + ", ".join(f"{name!r} ({what})" for name, what in SUPPORTED_MODELS.items())
 
 
-def _llama_cpp_specials(vocab: list[str], types: list[int], eos_id: int | None,
+def _llama_cpp_specials(vocab: list[str], types: np.ndarray, eos_id: int | None,
                         role_ids: dict[str, int]) -> tuple[set[int], frozenset[int], int | None]:
     """llama.cpp's load_vocab special-token pass, in its order: (ids made control by their text,
     end-of-generation ids, EOT id). Edits `types` where llama.cpp resets a token's attribute."""
