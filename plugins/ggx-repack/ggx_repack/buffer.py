@@ -183,8 +183,9 @@ def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray
     """The product of the activations x [n, K] with the repacked weight into out, as split
     kernels (ggx-cpu's `split`; its backend plans how they run: jobs of its worker pool with
     more than one thread): `tiles.tile_mm` (register tiles) where the ISA
-    variant has it for this layout and some matrix multiplies more than one column (or
-    repack_mm has no kernel for the layout), else `kernels.repack_mm` (its register gemv). The
+    variant has it for this layout and some matrix multiplies more than one column or
+    repack_mm has no register gemv for the layout (Q4_K, Q6_K: a one-column tile, its sums in
+    registers), else `kernels.repack_mm` (its register gemv). The
     product's prologue quantizes the activations into the launch's scratch, or for a batch worth
     sharing out a split of its own does first (`tiles.tile_quant`, `kernels.quant_rows`).
     `columns` (wg, cstart, ycol, ocol) are the node's (`_columns`) unless given."""
@@ -192,7 +193,7 @@ def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray
 
     from ggx_cpu.extension import in_order, select, split, token
 
-    from .kernels import QUANT_PARALLEL_MIN, act_scratch, quant_rows, repack_mm, runs_in_repack_mm
+    from .kernels import QUANT_PARALLEL_MIN, act_scratch, has_register_gemv, quant_rows, repack_mm
     from .tiles import has_tiles, tile_plan
 
     K, M = op.src[0].ne[0], op.src[0].ne[1]
@@ -200,7 +201,7 @@ def _bind(op: Tensor, lay: Layout, w: np.ndarray, x: np.ndarray, out: np.ndarray
     n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
     nbk = K // lay.block_size
     rows = x.shape[0]
-    if has_tiles(lay.name, select(), M) and (np.max(np.diff(cstart)) > 1 or not runs_in_repack_mm(lay)):
+    if has_tiles(lay.name, select(), M) and (np.max(np.diff(cstart)) > 1 or not has_register_gemv(lay)):
         if op.op is Op.MUL_MAT:
             tiles, tstart, n_ya, n_sc = _mul_mat_tiles(lay, len(ycol), K)
         else:

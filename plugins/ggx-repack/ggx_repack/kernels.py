@@ -494,6 +494,12 @@ def _ol_gemv(isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, 
         isa, lay, w, base, gbytes, nbk, yq, yd, ysum, ys, col, K, out, oo, rows)
 
 
+def has_register_gemv(lay: Layout) -> bool:
+    """Whether `repack_mm` multiplies a single column of this layout with its register gemv (for
+    the others, Q4_K among them, its one-column tasks keep their sums in memory)."""
+    return _gemv_kernel(LayoutType(lay)) is not None
+
+
 def runs_in_repack_mm(lay: Layout) -> bool:
     """Whether `repack_mm` has kernels for the layout (q6_K_8x8 has only `tiles.tile_mm`)."""
     return lay.gtype is not GType.Q6_K
@@ -633,4 +639,5 @@ def _chunk(ch, nch, isa, lay, w, wg, gbytes, nbk, K, M, cstart, ycol, ocol, rows
             c += nt
 
 
-__all__ = ["repack_mm", "quant_rows", "act_scratch", "QUANT_PARALLEL_MIN", "lane_rows", "LayoutType", "TILE"]
+__all__ = ["repack_mm", "quant_rows", "act_scratch", "has_register_gemv", "runs_in_repack_mm", "QUANT_PARALLEL_MIN",
+           "lane_rows", "LayoutType", "TILE"]
