@@ -3,6 +3,7 @@ kernels reach host memory (`Buffer.host_view`, as tensors through `tensor_array`
 host's RAM figures."""
 from __future__ import annotations
 
+import mmap
 import os
 
 import numpy as np
@@ -14,9 +15,20 @@ from .tensor import Tensor
 HOST_ALIGNMENT = 64
 
 
+#: allocations from this size up are private anonymous maps of their own (as ggml's, through
+#: malloc past its threshold), not numpy's memory: numpy asks for transparent huge pages from 4
+#: MiB up, and a huge page's first touch can cost 10x a small page's when the kernel has to
+#: assemble or zero 2 MiB at a time (docs/perf-notes.md, "Start-up")
+MAPPED_MIN = 4 << 20
+
+
 def aligned_empty(size: int, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
-    """A uint8 array of `size` bytes whose first byte is `alignment`-aligned."""
-    raw = np.empty(size + alignment, dtype=np.uint8)
+    """A uint8 array of `size` bytes whose first byte is `alignment`-aligned (a map of its own
+    from MAPPED_MIN bytes up, returned to the system when the array goes)."""
+    if size + alignment >= MAPPED_MIN:
+        raw = np.frombuffer(mmap.mmap(-1, size + alignment, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
+    else:
+        raw = np.empty(size + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start: start + size]
 
