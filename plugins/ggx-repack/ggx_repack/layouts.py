@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -272,7 +273,7 @@ def repack(lay: Layout, raw: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
 
 
 #: source bytes repacked at a time by `repack_into`
-REPACK_CHUNK = 4 << 20
+REPACK_CHUNK = 2 << 20
 
 
 def repack_into(lay: Layout, raw: np.ndarray, ne: tuple[int, ...], out: np.ndarray) -> None:
@@ -286,10 +287,20 @@ def repack_into(lay: Layout, raw: np.ndarray, ne: tuple[int, ...], out: np.ndarr
     row_bytes = K // lay.gtype.block_size * lay.gtype.type_size
     step = max(lay.nrows, REPACK_CHUNK // row_bytes // lay.nrows * lay.nrows)
     span = lay.packed_nbytes((K, lay.nrows, 1, 1))  # bytes of one group of rows
-    for r in range(0, rows, step):
+
+    def chunk(r: int) -> None:
         n = min(step, rows - r)
         a = r // lay.nrows * span
         out[a: a + n // lay.nrows * span] = repack(lay, raw[r * row_bytes: (r + n) * row_bytes], (K, n, 1, 1))
+
+    starts = range(0, rows, step)
+    if len(starts) == 1:
+        chunk(0)
+        return
+    # numpy's copies let go of the GIL: the chunks, each written to bytes of its own, share the cores
+    with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:
+        for _ in pool.map(chunk, starts):
+            pass
 
 
 def unpack(lay: Layout, packed: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
