@@ -25,7 +25,7 @@ MAPPED_MIN = 4 << 20
 def aligned_empty(size: int, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
     """A uint8 array of `size` bytes whose first byte is `alignment`-aligned (a map of its own
     from MAPPED_MIN bytes up, returned to the system when the array goes)."""
-    if size + alignment >= MAPPED_MIN:
+    if size + alignment >= MAPPED_MIN and hasattr(mmap, "MAP_ANONYMOUS"):  # not on Windows
         raw = np.frombuffer(mmap.mmap(-1, size + alignment, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
     else:
         raw = np.empty(size + alignment, dtype=np.uint8)

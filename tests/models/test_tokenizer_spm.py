@@ -221,6 +221,13 @@ def test_malformed_vocabularies(tmp_path):
         path = write_spm(tmp_path / f"bad{i}.gguf", **kwargs)
         with pytest.raises(GGXFormatError, match=message):
             Tokenizer.from_gguf(GGUFFile(path))
+    # arrays of arrays where numbers belong, of different lengths or not: a format error, not numpy's
+    ragged = [[1] * (1 + i % 2) for i in range(len(tokens))]
+    for message, kwargs in [("token_type must be an array of integers", dict(token_types=ragged)),
+                            ("token_type must be an array of integers", dict(token_types=[[1, 1]] * len(tokens))),
+                            ("scores must be an array of numbers", dict(scores=ragged))]:
+        with pytest.raises(GGXFormatError, match=message):
+            Tokenizer(tokens, model="llama", **kwargs)
     path = write_spm(tmp_path / "eot.gguf", keys={"tokenizer.ggml.eot_token_id": len(tokens)})
     with pytest.raises(GGXFormatError, match="eot token id"):
         Tokenizer.from_gguf(GGUFFile(path))

@@ -128,13 +128,8 @@ class Tokenizer:
         n = len(vocab)
         if token_types is None:
             types = np.full(n, TOKEN_TYPE_NORMAL, np.int32)
-        else:
-            types = np.array(token_types)
-            if types.shape != (n,):
-                raise GGXFormatError(f"{len(token_types)} token types for {n} tokens")
-            if n and types.dtype.kind not in "iu":
-                raise GGXFormatError("tokenizer.ggml.token_type must be an array of integers")
-            types = types.astype(np.int32)
+        else:  # a copy: llama.cpp's special-token pass edits it
+            types = _numbers(token_types, n, "token types", "token_type", "iu", "integers").astype(np.int32)
         role_ids = dict(role_ids or {})
         for what, tid in [("bos", bos_id), ("eos", eos_id)] + sorted(role_ids.items()):
             if tid is not None and not 0 <= tid < n:
@@ -222,14 +217,7 @@ class Tokenizer:
     def _check_spm(self, scores: Sequence[float] | None) -> None:
         """The SPM vocabulary's scores and byte tokens, checked (`_score`, `_byte_value`)."""
         n = self.n_vocab
-        if scores is None:
-            score = np.zeros(n)
-        else:
-            if len(scores) != n:
-                raise GGXFormatError(f"{len(scores)} token scores for {n} tokens")
-            score = np.asarray(scores)
-            if score.dtype.kind not in "iuf":
-                raise GGXFormatError(f"tokenizer.ggml.scores must be an array of numbers, not {score.dtype}")
+        score = np.zeros(n) if scores is None else _numbers(scores, n, "token scores", "scores", "iuf", "numbers")
         self._byte_value: dict[int, int] = {}
         for i in np.flatnonzero(self._types == TOKEN_TYPE_BYTE).tolist():
             m = _BYTE_TOKEN.fullmatch(self.vocab[i])
@@ -356,6 +344,21 @@ class Tokenizer:
 
 def _supported() -> str:
     return "ggx has " + ", ".join(f"{name!r} ({what})" for name, what in SUPPORTED_MODELS.items())
+
+
+def _numbers(values: Sequence, n: int, what: str, key: str, kinds: str, noun: str) -> np.ndarray:
+    """A GGUF array of n numbers (numpy kinds `kinds`) as a 1-D numpy array; GGXFormatError naming
+    `tokenizer.ggml.<key>` for a wrong count, strings, or arrays of arrays (ragged or not)."""
+    if len(values) != n:
+        raise GGXFormatError(f"{len(values)} {what} for {n} tokens")
+    try:
+        arr = np.asarray(values)
+    except ValueError:  # arrays of different lengths
+        arr = None
+    if arr is None or arr.ndim != 1 or (n and arr.dtype.kind not in kinds):
+        found = f", not {arr.dtype}" if arr is not None and arr.ndim == 1 else ""
+        raise GGXFormatError(f"tokenizer.ggml.{key} must be an array of {noun}{found}")
+    return arr
 
 
 def _llama_cpp_specials(vocab: list[str], types: np.ndarray, eos_id: int | None,

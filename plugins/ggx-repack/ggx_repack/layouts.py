@@ -274,6 +274,9 @@ def repack(lay: Layout, raw: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
 
 #: source bytes repacked at a time by `repack_into`
 REPACK_CHUNK = 2 << 20
+#: chunks repacked at once, at most: each holds a few copies of its bytes while numpy works, so
+#: this bounds what a load holds beside the weights whatever the core count
+REPACK_WORKERS = 4
 
 
 def repack_into(lay: Layout, raw: np.ndarray, ne: tuple[int, ...], out: np.ndarray) -> None:
@@ -298,7 +301,7 @@ def repack_into(lay: Layout, raw: np.ndarray, ne: tuple[int, ...], out: np.ndarr
         chunk(0)
         return
     # numpy's copies let go of the GIL: the chunks, each written to bytes of its own, share the cores
-    with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(min(len(starts), REPACK_WORKERS, os.cpu_count() or 1)) as pool:
         for _ in pool.map(chunk, starts):
             pass
 
